@@ -1,0 +1,34 @@
+"""The worker's apply hooks: one callable per action kind, run on the training thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dsec.schemas import ActionKind
+from dsec.schemas.base import Model
+
+ApplyHook = Callable[[Model], str | None]  # returns a detail for the result, or None
+
+
+class NoApplyHookError(LookupError):
+    def __init__(self, kind: ActionKind) -> None:
+        super().__init__(f"this worker has no apply hook for {kind.value!r}")
+        self.kind = kind
+
+
+class ApplyHooks:
+    def __init__(self) -> None:
+        self._hooks: dict[ActionKind, ApplyHook] = {}
+
+    def register(self, kind: ActionKind | str, hook: ApplyHook) -> None:
+        self._hooks[ActionKind(kind)] = hook
+
+    def kinds(self) -> frozenset[ActionKind]:
+        return frozenset(self._hooks)
+
+    def apply(self, params: Model) -> str:
+        kind = ActionKind(params.kind)  # type: ignore[attr-defined]
+        hook = self._hooks.get(kind)
+        if hook is None:
+            raise NoApplyHookError(kind)
+        return hook(params) or ""

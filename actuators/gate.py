@@ -1,0 +1,52 @@
+"""What a command must pass before it is applied: addressed here, signed, fresh, new."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from dsec.schemas import ActuationCommand, ActuationStatus, SignatureError, WorkerIdentity, verify
+
+
+@dataclass(frozen=True)
+class Rejection:
+    status: ActuationStatus
+    detail: str
+    duplicate: bool = False  # already handled: nothing to apply and nothing to report again
+
+
+class CommandGate:
+    """Checks addressing, signature, expiry and duplicates (idempotent by actuation id)."""
+
+    def __init__(
+        self, identity: WorkerIdentity, signing_key: bytes, remember: int = 10_000
+    ) -> None:
+        self._identity = identity
+        self._key = signing_key
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
+
+    def addressed_here(self, command: ActuationCommand) -> bool:
+        target = command.target
+        return (
+            target.node_id == self._identity.node_id
+            and target.worker_id == self._identity.worker_id
+            and target.job_id == self._identity.job_id
+        )
+
+    def check(self, command: ActuationCommand, now_ms: int) -> Rejection | None:
+        """None when the command may be applied; never None twice for one actuation id."""
+        if command.actuation_id in self._seen:
+            return Rejection(ActuationStatus.SUPERSEDED, "duplicate actuation id", duplicate=True)
+        self._seen[command.actuation_id] = None
+        if len(self._seen) > self._remember:
+            self._seen.popitem(last=False)
+        try:
+            verify(command, self._key)
+        except SignatureError as exc:
+            return Rejection(ActuationStatus.REJECTED, f"bad signature: {exc}")
+        if command.expires_at_ms <= now_ms:
+            return Rejection(
+                ActuationStatus.STALE, f"expired {now_ms - command.expires_at_ms} ms ago"
+            )
+        return None

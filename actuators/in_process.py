@@ -1,0 +1,149 @@
+"""A single-process actuator: the probe consumes its own commands, without a node daemon.
+
+A consumer thread reads the actuation topic from the moment of start, keeps the
+commands addressed to this worker, and queues them; the training thread applies
+them at its next step boundary (``apply_pending``), where changing the model,
+optimizer or precision is safe, and results are published back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from dsec.actuators.apply_hooks import ApplyHooks
+from dsec.actuators.gate import CommandGate
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    ActuationStatus,
+    DecodeError,
+    WorkerIdentity,
+    decode,
+    encode,
+    now_ms,
+)
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
+
+
+class InProcessActuator:
+    def __init__(
+        self,
+        identity: WorkerIdentity,
+        consumer_config: dict,
+        actuations_topic: str,
+        results_topic: str,
+        hooks: ApplyHooks,
+        signing_key: bytes,
+        publish: Publish,
+    ) -> None:
+        self.identity = identity
+        self.hooks = hooks
+        self._consumer_config = {**consumer_config, "enable.auto.commit": False}
+        self._actuations_topic = actuations_topic
+        self._results_topic = results_topic
+        self._gate = CommandGate(identity, signing_key)
+        self._publish = publish
+        self._inbox: queue.SimpleQueue[ActuationCommand] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.undecodable = 0
+        self.results: dict[ActuationStatus, int] = dict.fromkeys(ActuationStatus, 0)
+
+    def start(self, ready_timeout_s: float = 30.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="dsec-actuator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(ready_timeout_s):
+            log.warning("dsec actuator: no assignment after %.0f s; commands may be late",
+                        ready_timeout_s)
+
+    def _assign_from_end(self, consumer: Consumer) -> None:
+        metadata = consumer.list_topics(self._actuations_topic, timeout=10)
+        partitions = metadata.topics[self._actuations_topic].partitions
+        assignment = []
+        for partition in partitions:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(self._actuations_topic, partition), timeout=10
+            )
+            assignment.append(TopicPartition(self._actuations_topic, partition, high))
+        consumer.assign(assignment)
+
+    def _run(self) -> None:
+        consumer = Consumer(self._consumer_config)
+        try:
+            self._assign_from_end(consumer)
+            self._ready.set()
+            while not self._stop.is_set():
+                message = consumer.poll(0.2)
+                if message is None:
+                    continue
+                if message.error():
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("dsec actuator: %s", message.error())
+                    continue
+                self._receive(message.value())
+        except Exception:
+            log.exception("dsec actuator: consumer stopped")
+        finally:
+            self._ready.set()
+            consumer.close()
+
+    def _receive(self, value: bytes | None) -> None:
+        try:
+            command = decode(value, ActuationCommand)
+        except DecodeError as exc:
+            self.undecodable += 1
+            log.warning("dsec actuator: undecodable command: %s", exc.reason)
+            return
+        if self._gate.addressed_here(command):
+            self._inbox.put(command)
+
+    def apply_pending(self) -> int:
+        """Applies queued commands; call on the training thread at a step boundary."""
+        applied = 0
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return applied
+            self._handle(command)
+            applied += 1
+
+    def _handle(self, command: ActuationCommand) -> None:
+        rejection = self._gate.check(command, now_ms())
+        if rejection is not None:
+            if not rejection.duplicate:
+                self._report(command, rejection.status, rejection.detail)
+            return
+        try:
+            detail = self.hooks.apply(command.action)
+        except Exception as exc:  # the hook's failure is reported, never raised into training
+            self._report(command, ActuationStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            return
+        self._report(command, ActuationStatus.APPLIED, detail)
+
+    def _report(self, command: ActuationCommand, status: ActuationStatus, detail: str) -> None:
+        self.results[status] += 1
+        result = ActuationResult(
+            actuation_id=command.actuation_id,
+            identity=self.identity,
+            action_kind=command.action.kind.value,
+            status=status,
+            detail=detail[:2048],
+            command_time_ms=command.event_time_ms,
+        )
+        self._publish(self._results_topic, self.identity.node_id.encode(), encode(result))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

@@ -1,0 +1,113 @@
+"""dsec: a training-health coordinator for large-scale RL training.
+
+Three lines in a training script::
+
+    dsec.init(bootstrap="127.0.0.1:9092", worker_id="w0", optimizer=opt)
+    dsec.report_episode_end(reward, length)
+    dsec.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dsec.ingest import ProbeConfig, ProbeCounters
+from dsec.runtime import WorkerRuntime, default_worker_id
+from dsec.schemas import ActionKind, WorkerIdentity
+from dsec.settings import DsecSettings
+
+__all__ = [
+    "ActionKind",
+    "ProbeCounters",
+    "WorkerRuntime",
+    "current",
+    "init",
+    "on_action",
+    "report_episode_end",
+    "report_step",
+    "shutdown",
+]
+
+_runtime: WorkerRuntime | None = None
+
+
+def init(
+    bootstrap: str | None = None,
+    worker_id: str | None = None,
+    *,
+    job_id: str | None = None,
+    node_id: str | None = None,
+    optimizer: Any = None,
+    settings: DsecSettings | None = None,
+    probe_config: ProbeConfig | None = None,
+    actuate: bool = True,
+) -> WorkerRuntime:
+    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables."""
+    global _runtime
+    if _runtime is not None:
+        raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
+    overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
+    resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
+    import socket
+
+    identity = WorkerIdentity(
+        job_id=resolved.job_id,
+        worker_id=worker_id or default_worker_id(),
+        node_id=node_id or socket.gethostname(),
+    )
+    runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
+    if optimizer is not None:
+        runtime.probe.watch(optimizer)
+    _runtime = runtime.start()
+    return runtime
+
+
+def current() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("call dsec.init() first")
+    return _runtime
+
+
+def report_episode_end(
+    reward: float,
+    length: int,
+    *,
+    terminated: bool = True,
+    truncated: bool = False,
+    termination_reason: str | None = None,
+) -> None:
+    current().probe.record_episode(
+        reward, length, terminated=terminated, truncated=truncated,
+        termination_reason=termination_reason,
+    )
+
+
+def report_step(loss: Any = None) -> None:
+    """One training step's loss (tensor or float).
+
+    With a watched optimizer the step sample is recorded by its hook and this only adds
+    the loss to it; without one, this records the step.
+    """
+    probe = current().probe
+    if probe.watching:
+        probe.note_loss(loss)
+    else:
+        probe.record_step(loss=loss)
+
+
+def on_action(kind: ActionKind | str) -> Callable[[Callable[[Any], str | None]], Callable]:
+    """Decorator: registers the function that applies ``kind`` inside this worker."""
+
+    def register(hook: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        current().on_action(kind, hook)
+        return hook
+
+    return register
+
+
+def shutdown() -> ProbeCounters | None:
+    """Flushes what the probe holds and stops it; safe to call twice."""
+    global _runtime
+    runtime, _runtime = _runtime, None
+    return runtime.shutdown() if runtime is not None else None

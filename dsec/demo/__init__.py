@@ -1,0 +1,1 @@
+"""The simulated training cluster: small real RL trainers with the dsec probe, on CPU."""

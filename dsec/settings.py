@@ -1,0 +1,70 @@
+"""Configuration shared by every dsec service: argument, then ``DSEC_*`` environment, then default.
+
+Resolved once, validated, frozen.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
+class DsecSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DSEC_", frozen=True, extra="forbid")
+
+    bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = Field(default="dsec", pattern=r"^[A-Za-z0-9_.\-]+$")
+    job_id: str = "default"
+    data_dir: Path = Path(".dsec")
+    clickhouse_dsn: str | None = None
+    clickhouse_ttl_days: int = Field(default=30, ge=1, le=3650)
+    signing_key: SecretStr | None = None
+
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+
+    def clickhouse_target(self) -> str:
+        """The DSN given, or the embedded chDB store in the data folder."""
+        if self.clickhouse_dsn:
+            return self.clickhouse_dsn
+        return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    def signing_key_bytes(self) -> bytes:
+        """The configured key, else this installation's key in the data folder (made once)."""
+        if self.signing_key is not None:
+            return self.signing_key.get_secret_value().encode()
+        key_path = self.data_dir / "signing.key"
+        if not key_path.exists():
+            key_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32))
+        return key_path.read_text().strip().encode()
+
+    def kafka_security(self) -> dict[str, str]:
+        """librdkafka security settings, passed through unchanged."""
+        config: dict[str, str] = {"security.protocol": self.kafka_security_protocol}
+        optional = {
+            "sasl.mechanism": self.kafka_sasl_mechanism,
+            "sasl.username": self.kafka_sasl_username,
+            "sasl.password": (
+                self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None
+            ),
+            "ssl.ca.location": self.kafka_ssl_ca_location,
+            "ssl.certificate.location": self.kafka_ssl_certificate_location,
+            "ssl.key.location": self.kafka_ssl_key_location,
+        }
+        config.update({k: v for k, v in optional.items() if v})
+        return config

@@ -1,0 +1,121 @@
+"""The local stack: Kafka (ours, unless a bootstrap is given), topics, the ClickHouse store
+and its sink, the stream jobs and the policy engine, in one process until interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import faust
+
+from dsec.infra.clickhouse import connect, ensure_schema
+from dsec.infra.kafka_local import LocalKafka
+from dsec.infra.query_server import QueryServer
+from dsec.infra.topics import ensure_topics
+from dsec.kafka_clients import consumer_config
+from dsec.policy_engine import load_builtin_policies
+from dsec.policy_engine.agent import register_policy_engine
+from dsec.schemas import topic_names
+from dsec.settings import DsecSettings
+from dsec.stream_jobs.faust_app import make_faust_app
+from dsec.stream_jobs.metrics_job import register_metrics_job
+from dsec.stream_jobs.sink import ClickHouseSink
+
+log = logging.getLogger(__name__)
+STATE_FILE = "stack.json"
+
+
+def sink_group(settings: DsecSettings) -> str:
+    return f"{settings.topic_prefix}-clickhouse-sink"
+
+
+def read_stack_state(data_dir: Path) -> dict | None:
+    """The running stack's address book, if a live stack wrote one."""
+    path = data_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return state
+
+
+def _write_state(data_dir: Path, state: dict) -> Path:
+    path = data_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(state, handle)
+    tmp.replace(path)
+    return path
+
+
+def _partition_count(settings: DsecSettings, topic: str) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+
+
+@dataclass
+class StackOptions:
+    start_kafka: bool = True
+    kafka_port: int = 0
+    partitions: int | None = None
+    window_episodes: int = 20
+
+
+def run_stack(settings: DsecSettings, options: StackOptions) -> None:
+    """Runs until SIGINT/SIGTERM; everything started here is stopped on the way out."""
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    kafka: LocalKafka | None = None
+    sink: ClickHouseSink | None = None
+    query_server: QueryServer | None = None
+    state_path: Path | None = None
+    try:
+        if options.start_kafka:
+            kafka = LocalKafka(data_dir=data_dir / "kafka", port=options.kafka_port)
+            settings = settings.model_copy(update={"bootstrap": kafka.start()})
+            log.warning("Kafka %s on %s", "broker", settings.bootstrap)
+        topics = topic_names(settings.topic_prefix)
+        ensure_topics(settings, partitions=options.partitions)
+        client = connect(settings.clickhouse_target())
+        ensure_schema(client, settings.clickhouse_ttl_days)
+        client_lock = threading.Lock()
+        sink = ClickHouseSink(client, client_lock, consumer_config(settings, sink_group(settings)),
+                              topics)
+        sink.start()
+        query_server = QueryServer(client, client_lock)
+        query_server.start()
+        state_path = _write_state(data_dir, {
+            "pid": os.getpid(),
+            "bootstrap": settings.bootstrap,
+            "topic_prefix": settings.topic_prefix,
+            "query_port": query_server.port,
+            "query_token": query_server.token,
+            "clickhouse": settings.clickhouse_target(),
+        })
+        app = make_faust_app(
+            f"{settings.topic_prefix}-stream", settings,
+            partitions=_partition_count(settings, topics.metrics),
+        )
+        register_metrics_job(app, topics, options.window_episodes)
+        register_policy_engine(app, topics, load_builtin_policies(), settings.signing_key_bytes())
+        worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+        with contextlib.suppress(SystemExit):
+            worker.execute_from_commandline()
+    finally:
+        if state_path is not None:
+            state_path.unlink(missing_ok=True)
+        if query_server is not None:
+            query_server.stop()
+        if sink is not None:
+            sink.stop()
+        if kafka is not None:
+            kafka.stop()

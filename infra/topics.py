@@ -1,0 +1,38 @@
+"""Creates dsec's topics with their settings, idempotently."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dsec.schemas.topics import TOPICS
+from dsec.settings import DsecSettings
+
+
+def ensure_topics(
+    settings: DsecSettings,
+    partitions: int | None = None,
+    replication_factor: int = 1,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Creates every missing topic; ``partitions`` overrides the defaults, except compacted."""
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    wanted = []
+    for spec in TOPICS.values():
+        name = spec.name(settings.topic_prefix)
+        if name in existing:
+            continue
+        count = spec.partitions if (partitions is None or spec.compacted) else partitions
+        wanted.append(NewTopic(name, count, replication_factor, config=spec.config()))
+    created: list[str] = []
+    if not wanted:
+        return created
+    for name, future in admin.create_topics(wanted, request_timeout=timeout_s).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise
+    return created

@@ -1,0 +1,313 @@
+"""The probe: records health samples from the training thread and ships them off it.
+
+The training thread only appends small tuples to a bounded buffer (one lock, no
+I/O, no device sync). A background thread turns them into one ``MetricBatch``
+message per flush interval, adds the heartbeat, and hands it to the transport.
+Every sample that cannot be kept is counted and reported in the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from dsec.ingest.config import ProbeConfig
+from dsec.ingest.transport import Transport
+from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
+
+log = logging.getLogger(__name__)
+
+StepCallback = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class ProbeCounters:
+    samples_recorded: int
+    samples_sent: int
+    samples_buffered: int
+    samples_dropped: int
+    messages_failed: int
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _finite_or_flag(value: Any) -> tuple[float | None, bool]:
+    number = _as_float(value)
+    if number is None:
+        return None, False
+    if math.isfinite(number):
+        return number, False
+    return None, True
+
+
+class Probe:
+    def __init__(
+        self,
+        identity: WorkerIdentity,
+        metrics_topic: str,
+        transport: Transport,
+        config: ProbeConfig | None = None,
+    ) -> None:
+        self.identity = identity
+        self.config = config or ProbeConfig()
+        self._topic = metrics_topic
+        self._key = identity.worker_id.encode()
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._pending: list[tuple] = []
+        self._in_flight = 0
+        self._recorded = 0
+        self._sent = 0
+        self._dropped = 0
+        self._messages_failed = 0
+        self._episode_index = 0
+        self._global_step = 0
+        self._last_loss: Any = None
+        self._last_grad_norm: Any = None
+        self._last_step_end_s: float | None = None
+        self._step_callbacks: list[StepCallback] = []
+        self._hook_handles: list[Any] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_heartbeat_s = 0.0
+
+    # --- training thread -------------------------------------------------------------
+
+    def _record(self, sample: tuple) -> None:
+        with self._lock:
+            self._recorded += 1
+            if len(self._pending) >= self.config.buffer_max_samples:
+                self._dropped += 1
+                return
+            self._pending.append(sample)
+
+    def record_episode(
+        self,
+        reward: float,
+        length: int,
+        *,
+        terminated: bool = True,
+        truncated: bool = False,
+        termination_reason: str | None = None,
+    ) -> None:
+        self._record(
+            ("episode", now_ms(), self._episode_index, reward, length, terminated, truncated,
+             termination_reason)
+        )
+        self._episode_index += 1
+        self.run_step_callbacks()
+
+    def note_loss(self, loss: Any) -> None:
+        """Keeps the loss for the next step sample; a tensor is read off the training thread."""
+        self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+
+    def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
+        """One optimizer step; called by the optimizer hook or by a custom loop."""
+        now_s = time.perf_counter()
+        step_time_ms = None
+        if self._last_step_end_s is not None:
+            step_time_ms = (now_s - self._last_step_end_s) * 1000.0
+        self._last_step_end_s = now_s
+        loss = loss if loss is not None else self._last_loss
+        grad_norm = grad_norm if grad_norm is not None else self._last_grad_norm
+        self._last_loss = None
+        self._last_grad_norm = None
+        self._record(("step", now_ms(), self._global_step, loss, grad_norm, step_time_ms))
+        self._global_step += 1
+        self.run_step_callbacks()
+
+    def add_step_callback(self, callback: StepCallback) -> None:
+        """Runs ``callback`` on the training thread at every step and episode boundary."""
+        self._step_callbacks.append(callback)
+
+    def run_step_callbacks(self) -> None:
+        for callback in self._step_callbacks:
+            try:
+                callback()
+            except Exception:  # telemetry never crashes the training loop
+                log.exception("dsec step callback failed")
+
+    def watch(self, optimizer: Any) -> None:
+        """Hooks an optimizer: gradient L2 norm before each step, a step sample after it."""
+        import torch
+
+        every_n = self.config.grad_norm_every_n_steps
+
+        def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
+            if self._global_step % every_n:
+                return
+            grads = [
+                p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None
+            ]
+            if grads:
+                with torch.no_grad():
+                    norms = torch._foreach_norm(grads)
+                    self._last_grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+
+        def after_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            self.record_step()
+
+        self._hook_handles.append(optimizer.register_step_pre_hook(before_step))
+        self._hook_handles.append(optimizer.register_step_post_hook(after_step))
+
+    @property
+    def watching(self) -> bool:
+        return bool(self._hook_handles)
+
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    # --- background thread -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._last_heartbeat_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="dsec-probe", daemon=True)
+        self._thread.start()
+
+    def counters(self) -> ProbeCounters:
+        with self._lock:
+            return ProbeCounters(
+                samples_recorded=self._recorded,
+                samples_sent=self._sent,
+                samples_buffered=len(self._pending) + self._in_flight,
+                samples_dropped=self._dropped,
+                messages_failed=self._messages_failed,
+            )
+
+    def _run(self) -> None:
+        interval_s = self.config.flush_interval_s
+        while not self._stop.wait(interval_s):
+            self._flush_once()
+        self._flush_once(force_heartbeat=True)
+
+    def _heartbeat_sample(self) -> tuple:
+        counters = self.counters()
+        return (
+            "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
+            counters.samples_sent, counters.samples_buffered, counters.samples_dropped,
+        )
+
+    def _flush_once(self, force_heartbeat: bool = False) -> None:
+        self._transport.poll()
+        now_s = time.monotonic()
+        if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
+            self._last_heartbeat_s = now_s
+            heartbeat = self._heartbeat_sample()
+            with self._lock:
+                self._pending.append(heartbeat)
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._in_flight += len(batch)
+        if not batch:
+            return
+        value = self._encode(batch)
+        count = len(batch)
+
+        def on_delivery(delivered: bool, error: str) -> None:
+            with self._lock:
+                self._in_flight -= count
+                if delivered:
+                    self._sent += count
+                else:
+                    self._dropped += count
+                    self._messages_failed += 1
+            if not delivered:
+                log.warning("dsec: %d samples lost: %s", count, error)
+
+        if not self._transport.send(self._topic, self._key, value, on_delivery):
+            self._requeue(batch)
+
+    def _requeue(self, batch: list[tuple]) -> None:
+        """The local queue is full (Kafka away): keep what fits, count the rest."""
+        with self._lock:
+            self._in_flight -= len(batch)
+            room = max(0, self.config.buffer_max_samples - len(self._pending))
+            kept = batch[-room:] if room else []
+            self._dropped += len(batch) - len(kept)
+            self._pending = kept + self._pending
+
+    def _encode(self, batch: list[tuple]) -> bytes:
+        batch_id = new_event_id()
+        samples = [self._sample_dict(batch_id, index, raw) for index, raw in enumerate(batch)]
+        message = {
+            "schema_version": SCHEMA_VERSION,
+            "event_id": batch_id,
+            "event_time_ms": now_ms(),
+            "identity": self.identity.model_dump(),
+            "samples": samples,
+        }
+        return orjson.dumps(message)
+
+    @staticmethod
+    def _sample_dict(batch_id: str, index: int, raw: tuple) -> dict:
+        kind, event_time_ms = raw[0], raw[1]
+        sample: dict[str, Any] = {
+            "event_id": f"{batch_id}-{index}",
+            "event_time_ms": event_time_ms,
+            "kind": kind,
+        }
+        if kind == "step":
+            _, _, step, loss, grad_norm, step_time_ms = raw
+            loss_value, loss_nonfinite = _finite_or_flag(loss)
+            norm_value, grad_nonfinite = _finite_or_flag(grad_norm)
+            sample.update(step=step, loss_nonfinite=loss_nonfinite, grad_nonfinite=grad_nonfinite)
+            if loss_value is not None:
+                sample["loss"] = loss_value
+            if norm_value is not None:
+                sample["grad_norm"] = norm_value
+            if step_time_ms is not None:
+                sample["step_time_ms"] = step_time_ms
+        elif kind == "episode":
+            _, _, index_, reward, length, terminated, truncated, reason = raw
+            sample.update(
+                episode_index=index_, reward=float(reward), length=int(length),
+                terminated=terminated, truncated=truncated,
+            )
+            if reason is not None:
+                sample["termination_reason"] = str(reason)[:256]
+        elif kind == "heartbeat":
+            _, _, interval_s, step, sent, buffered, dropped = raw
+            sample.update(
+                interval_s=interval_s, step=step, samples_sent=sent,
+                samples_buffered=buffered, samples_dropped=dropped,
+            )
+        return sample
+
+    def publish(self, topic: str, key: bytes, value: bytes) -> None:
+        """Sends a message of another kind (an actuation result) through the probe's producer."""
+
+        def on_delivery(delivered: bool, error: str) -> None:
+            if not delivered:
+                with self._lock:
+                    self._messages_failed += 1
+                log.warning("dsec: message to %s lost: %s", topic, error)
+
+        if not self._transport.send(topic, key, value, on_delivery):
+            with self._lock:
+                self._messages_failed += 1
+
+    def shutdown(self) -> ProbeCounters:
+        """Stops the thread, sends what is buffered, waits for delivery (bounded)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self._transport.flush(self.config.shutdown_flush_timeout_s)
+        return self.counters()

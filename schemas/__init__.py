@@ -1,0 +1,62 @@
+"""The contract between every part of dsec: events, features, policies, actuations, topics.
+
+Other folders import this one; it imports nothing of theirs.
+"""
+
+from dsec.schemas.actuations import (
+    ACTION_PARAM_MODELS,
+    ActionKind,
+    ActuationCommand,
+    ActuationResult,
+    ActuationStatus,
+)
+from dsec.schemas.base import SCHEMA_VERSION, Event, WorkerIdentity, new_event_id, now_ms
+from dsec.schemas.codec import DecodeError, decode, encode
+from dsec.schemas.dead_letters import DeadLetter
+from dsec.schemas.features import FeatureEvent
+from dsec.schemas.metrics import (
+    EpisodeSample,
+    GpuSample,
+    GradSyncSample,
+    HeartbeatSample,
+    MetricBatch,
+    MetricSample,
+    StepSample,
+)
+from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
+from dsec.schemas.signing import SignatureError, sign, verify
+from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
+
+__all__ = [
+    "ACTION_PARAM_MODELS",
+    "SCHEMA_VERSION",
+    "TOPICS",
+    "ActionKind",
+    "ActuationCommand",
+    "ActuationResult",
+    "ActuationStatus",
+    "DeadLetter",
+    "DecodeError",
+    "EpisodeSample",
+    "Event",
+    "FeatureEvent",
+    "GpuSample",
+    "GradSyncSample",
+    "HeartbeatSample",
+    "MetricBatch",
+    "MetricSample",
+    "PolicyAction",
+    "PolicyDecision",
+    "PolicySpec",
+    "SignatureError",
+    "StepSample",
+    "TopicSpec",
+    "WorkerIdentity",
+    "decode",
+    "encode",
+    "new_event_id",
+    "now_ms",
+    "sign",
+    "topic_names",
+    "verify",
+]

@@ -1,0 +1,45 @@
+"""Fields every event carries: schema version, unique id, event time, producer identity."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# Identifiers travel in Kafka keys and ClickHouse sort keys: short, printable.
+Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/]+$")]
+EpochMs = Annotated[int, Field(ge=0, le=32503680000000)]  # up to year 3000
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Model(BaseModel):
+    """Strict, immutable wire model: unknown fields are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Event(Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: Annotated[str, Field(min_length=8, max_length=64)] = Field(
+        default_factory=new_event_id
+    )
+    event_time_ms: EpochMs = Field(default_factory=now_ms)
+
+
+class WorkerIdentity(Model):
+    """Who produced an event: the job, the training worker and the node it runs on."""
+
+    job_id: Identifier
+    worker_id: Identifier
+    node_id: Identifier

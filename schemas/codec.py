@@ -1,0 +1,35 @@
+"""Wire encoding: compact JSON (orjson), validated against the models on the way in."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class DecodeError(ValueError):
+    """A message that is not a valid ``model``; ``reason`` is fit for a dead letter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def encode(model: BaseModel) -> bytes:
+    return orjson.dumps(model.model_dump(mode="json", exclude_none=True))
+
+
+def decode(data: bytes | str | None, model: type[M]) -> M:
+    if data is None:
+        raise DecodeError("empty message (tombstone) where an event was expected")
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()[:10]
+        )
+        raise DecodeError(f"invalid {model.__name__}: {problems}") from None

@@ -1,0 +1,34 @@
+"""JSON Schema of every wire model, for other languages and editors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from dsec.schemas.actuations import ActuationCommand, ActuationResult
+from dsec.schemas.dead_letters import DeadLetter
+from dsec.schemas.features import FeatureEvent
+from dsec.schemas.metrics import MetricBatch
+from dsec.schemas.policies import PolicyDecision, PolicySpec
+
+WIRE_MODELS: dict[str, type[BaseModel]] = {
+    "metric_batch": MetricBatch,
+    "feature_event": FeatureEvent,
+    "policy_spec": PolicySpec,
+    "policy_decision": PolicyDecision,
+    "actuation_command": ActuationCommand,
+    "actuation_result": ActuationResult,
+    "dead_letter": DeadLetter,
+}
+
+
+def export_json_schemas(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, model in WIRE_MODELS.items():
+        path = directory / f"{name}.schema.json"
+        path.write_text(json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written

@@ -1,0 +1,55 @@
+"""Every Kafka topic dsec uses, with its settings, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    role: str
+    suffix: str
+    partitions: int
+    retention_ms: int
+    compacted: bool = False
+    key: str = ""
+
+    def name(self, prefix: str = "dsec") -> str:
+        return f"{prefix}.{self.suffix}"
+
+    def config(self) -> dict[str, str]:
+        if self.compacted:
+            return {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms)}
+
+
+TOPICS: dict[str, TopicSpec] = {
+    spec.role: spec
+    for spec in (
+        TopicSpec("metrics", "metrics.v1", 6, DAY_MS, key="worker_id"),
+        TopicSpec("features", "features.v1", 6, 3 * DAY_MS, key="worker_id"),
+        TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
+        TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
+        TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
+        TopicSpec("decisions", "policy-decisions.v1", 3, 7 * DAY_MS, key="policy name"),
+        TopicSpec("dead_letters", "dead-letters.v1", 1, 7 * DAY_MS, key="source topic"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    metrics: str
+    features: str
+    policies: str
+    actuations: str
+    actuation_results: str
+    decisions: str
+    dead_letters: str
+
+
+def topic_names(prefix: str = "dsec") -> TopicNames:
+    return TopicNames(**{role: spec.name(prefix) for role, spec in TOPICS.items()})

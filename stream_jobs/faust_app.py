@@ -1,0 +1,70 @@
+"""A Faust app whose producer is idempotent with ``acks=all``, whatever the processing guarantee."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as aiokafka_driver
+
+from dsec.settings import DsecSettings
+
+
+class _IdempotentProducer(aiokafka_driver.Producer):
+    def _settings_extra(self) -> dict[str, Any]:
+        return {"acks": "all", "enable_idempotence": True}
+
+
+class _Transport(aiokafka_driver.Transport):
+    Producer = _IdempotentProducer
+
+
+class DsecFaustApp(faust.App):
+    def _new_transport(self) -> _Transport:
+        return _Transport(self.conf.broker_consumer, self)
+
+    def _new_producer_transport(self) -> _Transport:
+        return _Transport(self.conf.broker_producer, self)
+
+
+def _credentials(settings: DsecSettings) -> faust.types.auth.CredentialsT | None:
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    ssl_context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        ssl_context = faust.SSLCredentials(
+            cafile=settings.kafka_ssl_ca_location,
+        ).context
+        if settings.kafka_ssl_certificate_location:
+            ssl_context.load_cert_chain(
+                settings.kafka_ssl_certificate_location, settings.kafka_ssl_key_location
+            )
+    if protocol == "SSL":
+        return faust.SSLCredentials(context=ssl_context)
+    password = settings.kafka_sasl_password
+    return faust.SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=password.get_secret_value() if password else None,
+        mechanism=settings.kafka_sasl_mechanism or "PLAIN",
+        ssl_context=ssl_context,
+    )
+
+
+def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> DsecFaustApp:
+    return DsecFaustApp(
+        app_id,
+        datadir=str(settings.data_dir.resolve() / "faust"),
+        broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=_credentials(settings),
+        store="memory://",
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        value_serializer="raw",
+        key_serializer="raw",
+        web_enabled=False,
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        table_cleanup_interval=30.0,
+    )

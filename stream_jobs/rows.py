@@ -1,0 +1,135 @@
+"""Events → ClickHouse rows: one pure function per table, no I/O."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import orjson
+
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    DeadLetter,
+    FeatureEvent,
+    MetricBatch,
+    PolicyDecision,
+)
+
+Row = list
+
+
+def ms_to_datetime(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000.0, tz=UTC)
+
+
+RAW_METRICS_COLUMNS = [
+    "event_time", "event_id", "batch_id", "job_id", "node_id", "worker_id", "gpu_uuid",
+    "kind", "step", "values", "labels",
+]
+_IDENTITY_FIELDS = {"event_id", "event_time_ms", "kind", "step", "gpu_uuid", "gpu_model",
+                    "termination_reason", "op"}
+
+
+def metric_rows(batch: MetricBatch) -> list[Row]:
+    identity = batch.identity
+    rows = []
+    for sample in batch.samples:
+        values: dict[str, float] = {}
+        labels: dict[str, str] = {}
+        for name, value in sample:
+            if name in _IDENTITY_FIELDS or value is None:
+                continue
+            if isinstance(value, bool | int | float):
+                values[name] = float(value)
+        for name in ("termination_reason", "gpu_model", "op"):
+            label = getattr(sample, name, None)
+            if label:
+                labels[name] = label
+        rows.append([
+            ms_to_datetime(sample.event_time_ms), sample.event_id, batch.event_id,
+            identity.job_id, identity.node_id, identity.worker_id,
+            getattr(sample, "gpu_uuid", None) or batch.gpu_uuid or "",
+            sample.kind, int(getattr(sample, "step", getattr(sample, "episode_index", 0)) or 0),
+            values, labels,
+        ])
+    return rows
+
+
+FEATURE_COLUMNS = [
+    "event_time", "event_id", "job_id", "node_id", "worker_id", "gpu_uuid", "window",
+    "feature", "value",
+]
+
+
+def feature_rows(event: FeatureEvent) -> list[Row]:
+    identity = event.identity
+    when = ms_to_datetime(event.event_time_ms)
+    return [
+        [when, event.event_id, identity.job_id, identity.node_id, identity.worker_id,
+         event.gpu_uuid or "", event.window, name, value]
+        for name, value in sorted(event.features.items())
+    ]
+
+
+ACTUATION_COLUMNS = [
+    "event_time", "actuation_id", "expires_at", "job_id", "node_id", "worker_id",
+    "policy_name", "policy_version", "action", "params", "reason",
+]
+
+
+def actuation_rows(command: ActuationCommand) -> list[Row]:
+    target = command.target
+    params = orjson.dumps(command.action.model_dump(mode="json")).decode()
+    return [[
+        ms_to_datetime(command.event_time_ms), command.actuation_id,
+        ms_to_datetime(command.expires_at_ms), target.job_id, target.node_id, target.worker_id,
+        command.policy_name, command.policy_version, command.action.kind.value, params,
+        command.reason,
+    ]]
+
+
+RESULT_COLUMNS = [
+    "event_time", "event_id", "actuation_id", "job_id", "node_id", "worker_id", "action",
+    "status", "detail", "command_time",
+]
+
+
+def result_rows(result: ActuationResult) -> list[Row]:
+    identity = result.identity
+    command_time = (
+        ms_to_datetime(result.command_time_ms) if result.command_time_ms is not None else None
+    )
+    return [[
+        ms_to_datetime(result.event_time_ms), result.event_id, result.actuation_id,
+        identity.job_id, identity.node_id, identity.worker_id, result.action_kind,
+        result.status.value, result.detail, command_time,
+    ]]
+
+
+DECISION_COLUMNS = [
+    "event_time", "event_id", "policy_name", "policy_version", "job_id", "node_id",
+    "worker_id", "decision", "actuation_id", "detail",
+]
+
+
+def decision_rows(decision: PolicyDecision) -> list[Row]:
+    identity = decision.identity
+    return [[
+        ms_to_datetime(decision.event_time_ms), decision.event_id, decision.policy_name,
+        decision.policy_version, identity.job_id if identity else "",
+        identity.node_id if identity else "", identity.worker_id if identity else "",
+        decision.decision.value, decision.actuation_id or "", decision.detail,
+    ]]
+
+
+DEAD_LETTER_COLUMNS = [
+    "event_time", "event_id", "source_topic", "partition", "offset", "reason", "payload",
+    "payload_encoding",
+]
+
+
+def dead_letter_rows(letter: DeadLetter) -> list[Row]:
+    return [[
+        ms_to_datetime(letter.event_time_ms), letter.event_id, letter.source_topic,
+        letter.partition, letter.offset, letter.reason, letter.payload, letter.payload_encoding,
+    ]]
