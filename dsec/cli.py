@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import urllib.error
-import urllib.request
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -88,37 +86,6 @@ def demo(
                   f"dsec sql \"SELECT kind, count() FROM raw_metrics GROUP BY kind\"")
 
 
-def _query(settings: DsecSettings, sql: str) -> dict:
-    from dsec.infra.clickhouse import StoreLockedError, connect
-    from dsec.infra.query_server import run_readonly
-    from dsec.infra.stack import read_stack_state
-
-    state = None if settings.clickhouse_dsn else read_stack_state(settings.data_dir)
-    if state is not None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{state['query_port']}/query", data=sql.encode(), method="POST",
-            headers={"Authorization": f"Bearer {state['query_token']}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise ValueError(json.loads(exc.read()).get("error", str(exc))) from None
-    import threading
-
-    try:
-        client = connect(settings.clickhouse_target())
-    except StoreLockedError as exc:
-        raise ValueError(
-            f"{exc}. The running stack did not leave its address in "
-            f"{settings.data_dir / 'stack.json'}; query through it, or stop it and retry."
-        ) from None
-    try:
-        return run_readonly(client, threading.Lock(), sql)
-    finally:
-        client.close()
-
-
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only ClickHouse SQL query.")],
@@ -126,10 +93,13 @@ def sql(
     data_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Query the stored history (running stack, embedded store, or DSEC_CLICKHOUSE_DSN)."""
+    from dsec.history import HistoryError
+    from dsec.history import query as query_history
+
     settings = _settings(data_dir=data_dir)
     try:
-        result = _query(settings, query)
-    except Exception as exc:
+        result = query_history(settings, query)
+    except HistoryError as exc:
         err_console.print(f"[red]query failed:[/red] {exc}")
         raise typer.Exit(1) from None
     if output is OutputFormat.json:

@@ -1,0 +1,34 @@
+# dsec: `make demo` runs the main job, `make test` runs the tests; both set up first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint up clean
+
+setup: $(VENV)/.installed $(VENV)/.kafka-jars
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+$(VENV)/.kafka-jars: $(VENV)/.installed infra/kafka/pom.xml
+	$(BIN)/dsec kafka fetch
+	touch $@
+
+demo: setup
+	$(BIN)/dsec demo --workers 4 --duration-s 60
+
+up: setup
+	$(BIN)/dsec up
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .dsec .pytest_cache

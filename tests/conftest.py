@@ -1,0 +1,105 @@
+"""Session fixtures: one real Kafka broker for the whole run, chDB in temporary folders.
+
+The broker is ``DSEC_TEST_BOOTSTRAP`` when set, else a testcontainers Kafka when a
+Docker engine answers, else the project's own KRaft broker from the Maven jars.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+
+from dsec.settings import DsecSettings
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    given = os.environ.get("DSEC_TEST_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from dsec.infra.kafka_local import LocalKafka
+
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> DsecSettings:
+    """Settings on the session broker, with topics of this test's own."""
+    return DsecSettings(
+        bootstrap=kafka_bootstrap,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        job_id="test-job",
+        data_dir=tmp_path / "dsec",
+        signing_key="test-signing-key",
+    )
+
+
+@pytest.fixture(scope="module")
+def running_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
+    """``dsec up`` on the session broker (stream jobs, policy engine, sink), in its own process,
+    with topics and a store of this module's own."""
+    import signal
+    import subprocess
+    import sys
+
+    from dsec.infra.stack import read_stack_state
+
+    data_dir = tmp_path_factory.mktemp("stack")
+    stack_settings = DsecSettings(
+        bootstrap=kafka_bootstrap,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        job_id="test-job",
+        data_dir=data_dir,
+        signing_key="test-signing-key",
+    )
+    env = {
+        **os.environ,
+        "DSEC_DATA_DIR": str(data_dir),
+        "DSEC_TOPIC_PREFIX": stack_settings.topic_prefix,
+        "DSEC_SIGNING_KEY": "test-signing-key",
+    }
+    log_path = data_dir / "stack.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", kafka_bootstrap],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: process.poll() is not None or read_stack_state(data_dir), 120,
+                 what="the stack to start")
+        assert process.poll() is None, log_path.read_text()[-4000:]
+        yield stack_settings
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,151 @@
+"""The probe's buffering and encoding, against a transport that records what it is given."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from dsec.ingest import Probe, ProbeConfig
+from dsec.schemas import MetricBatch, WorkerIdentity, decode
+
+IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
+
+
+class RecordingTransport:
+    """Keeps messages in memory; ``accepting=False`` behaves as a full local queue."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, bytes, bytes]] = []
+        self.accepting = True
+        self.deliver = True
+        self._callbacks: list = []
+        self.lock = threading.Lock()
+
+    def send(self, topic, key, value, on_delivery) -> bool:
+        if not self.accepting:
+            return False
+        with self.lock:
+            self.messages.append((topic, key, value))
+            self._callbacks.append(on_delivery)
+        return True
+
+    def poll(self) -> None:
+        with self.lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self.deliver, "" if self.deliver else "broker away")
+
+    def flush(self, timeout_s: float) -> int:
+        self.poll()
+        return 0
+
+    def batches(self) -> list[MetricBatch]:
+        return [decode(value, MetricBatch) for _topic, _key, value in self.messages]
+
+
+def _probe(transport: RecordingTransport, **config: object) -> Probe:
+    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600}  # flushed by hand
+    return Probe(IDENTITY, "metrics", transport, ProbeConfig(**{**defaults, **config}))
+
+
+def test_samples_become_one_valid_batch_per_flush() -> None:
+    transport = RecordingTransport()
+    probe = _probe(transport)
+    for index in range(5):
+        probe.record_episode(float(index), 10 + index, termination_reason="pole_fell")
+    probe.record_step(loss=0.25, grad_norm=2.0)
+    probe._flush_once()
+    probe._flush_once()  # nothing new: no empty message
+    batches = transport.batches()
+    assert len(batches) == 1
+    kinds = [s.kind for s in batches[0].samples]
+    assert kinds.count("episode") == 5 and kinds.count("step") == 1
+    assert transport.messages[0][1] == b"w0"  # keyed by worker
+    transport.poll()
+    assert probe.counters().samples_sent == 6
+
+
+def test_full_buffer_drops_are_counted_exactly_and_reported() -> None:
+    transport = RecordingTransport()
+    transport.accepting = False
+    probe = _probe(transport, buffer_max_samples=10)
+    for index in range(25):
+        probe.record_episode(float(index), 1)
+    probe._flush_once()  # refused: kept in the buffer
+    counters = probe.counters()
+    assert counters.samples_dropped == 15
+    assert counters.samples_buffered == 10
+    transport.accepting = True
+    probe._flush_once(force_heartbeat=True)
+    transport.poll()
+    samples = transport.batches()[0].samples
+    heartbeat = next(s for s in samples if s.kind == "heartbeat")
+    assert heartbeat.samples_dropped == 15
+    assert sum(1 for s in samples if s.kind == "episode") == 10
+    assert [s.reward for s in samples if s.kind == "episode"] == [float(i) for i in range(10)]
+
+
+def test_failed_deliveries_count_as_dropped() -> None:
+    transport = RecordingTransport()
+    transport.deliver = False
+    probe = _probe(transport)
+    probe.record_episode(1.0, 1)
+    probe.record_episode(2.0, 1)
+    probe._flush_once()
+    transport.poll()
+    counters = probe.counters()
+    assert counters.samples_dropped == 2 and counters.messages_failed == 1
+    assert counters.samples_buffered == 0
+
+
+def test_watched_optimizer_reports_grad_norm_and_nonfinite_loss() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    transport = RecordingTransport()
+    probe = _probe(transport)
+    probe.watch(optimizer)
+    expected_norms = []
+    for step in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        expected_norms.append(float(torch.linalg.vector_norm(
+            torch.stack([g.norm() for g in grads]))))
+        probe.note_loss(loss if step < 2 else loss * float("nan"))
+        optimizer.step()
+    probe._flush_once()
+    steps = [s for s in transport.batches()[0].samples if s.kind == "step"]
+    assert [s.step for s in steps] == [0, 1, 2]
+    assert [s.grad_norm for s in steps] == pytest.approx(expected_norms, rel=1e-5)
+    assert steps[2].loss is None and steps[2].loss_nonfinite
+    assert steps[0].loss is not None and not steps[0].loss_nonfinite
+    probe.shutdown()
+
+
+def test_grad_norm_sampling_every_n_steps() -> None:
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    transport = RecordingTransport()
+    probe = _probe(transport, grad_norm_every_n_steps=2)
+    probe.watch(optimizer)
+    for _ in range(4):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    probe._flush_once()
+    norms = [s.grad_norm for s in transport.batches()[0].samples if s.kind == "step"]
+    assert [n is not None for n in norms] == [True, False, True, False]
+
+
+def test_step_callbacks_run_on_the_caller_thread_and_never_raise() -> None:
+    probe = _probe(RecordingTransport())
+    seen = []
+    probe.add_step_callback(lambda: seen.append(threading.get_ident()))
+    probe.add_step_callback(lambda: 1 / 0)
+    probe.record_step()
+    probe.record_episode(1.0, 1)
+    assert seen == [threading.get_ident()] * 2

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import pytest
+
+from dsec.schemas import (
+    ActuationCommand,
+    DeadLetter,
+    DecodeError,
+    EpisodeSample,
+    FeatureEvent,
+    MetricBatch,
+    StepSample,
+    WorkerIdentity,
+    decode,
+    encode,
+    topic_names,
+)
+from dsec.schemas.actuations import MemoryCapParams, SnapshotParams
+from dsec.schemas.export import export_json_schemas
+
+IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
+
+
+def test_metric_batch_round_trips() -> None:
+    batch = MetricBatch(
+        identity=IDENTITY,
+        samples=[
+            StepSample(event_time_ms=1, step=3, loss=0.5, grad_norm=1.5),
+            EpisodeSample(event_time_ms=2, episode_index=0, reward=12.0, length=12,
+                          termination_reason="pole_fell"),
+        ],
+    )
+    decoded = decode(encode(batch), MetricBatch)
+    assert decoded == batch
+    assert [s.kind for s in decoded.samples] == ["step", "episode"]
+
+
+def test_every_event_has_version_id_and_time() -> None:
+    a = FeatureEvent(identity=IDENTITY, features={"reward_mean": 1.0})
+    b = FeatureEvent(identity=IDENTITY, features={"reward_mean": 1.0})
+    assert a.schema_version == 1
+    assert a.event_id != b.event_id
+    assert a.event_time_ms > 1_700_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        (b"not json", "invalid MetricBatch"),
+        (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}}', "samples"),
+        (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}, '
+         b'"samples": [{"kind": "bogus", "event_time_ms": 1}]}', "samples.0"),
+        (b'{"schema_version": 2, "identity": {"job_id": "j", "worker_id": "w", "node_id": "n"},'
+         b' "samples": []}', "schema_version"),
+        (None, "tombstone"),
+    ],
+)
+def test_invalid_metrics_say_why(payload: bytes | None, fragment: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(payload, MetricBatch)
+    assert fragment in info.value.reason
+
+
+def test_identifiers_are_constrained() -> None:
+    with pytest.raises(DecodeError):
+        decode(b'{"job_id": "j", "worker_id": "w 0; drop", "node_id": "n"}', WorkerIdentity)
+
+
+def test_non_finite_features_are_refused() -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        FeatureEvent(identity=IDENTITY, features={"reward_variance": float("nan")})
+
+
+def test_action_parameters_are_bounded() -> None:
+    with pytest.raises(ValueError):
+        MemoryCapParams(limit_bytes=1)
+    with pytest.raises(ValueError):
+        MemoryCapParams(limit_bytes=1 << 50)
+    assert MemoryCapParams(limit_bytes=4 << 30).limit_bytes == 4 << 30
+
+
+def test_command_expiry_is_bounded() -> None:
+    common = dict(actuation_id="a" * 16, target=IDENTITY, policy_name="p", policy_version=1,
+                  action=SnapshotParams(), event_time_ms=1_000)
+    assert ActuationCommand(expires_at_ms=61_000, **common).expires_at_ms == 61_000
+    with pytest.raises(ValueError, match="expires_at_ms"):
+        ActuationCommand(expires_at_ms=1_000, **common)
+    with pytest.raises(ValueError, match="expires_at_ms"):
+        ActuationCommand(expires_at_ms=10_000_000, **common)
+
+
+def test_dead_letter_keeps_binary_payloads() -> None:
+    letter = DeadLetter.for_message(topic="t", partition=0, offset=5, reason="bad",
+                                    payload=b"\xff\xfe")
+    assert letter.payload_encoding == "base64"
+    big = DeadLetter.for_message(topic="t", partition=0, offset=5, reason="bad",
+                                 payload=b"x" * 100_000)
+    assert big.payload_truncated and len(big.payload) == 64 * 1024
+
+
+def test_topic_names_use_the_prefix() -> None:
+    names = topic_names("abc")
+    assert names.metrics == "abc.metrics.v1"
+    assert names.policies == "abc.policies.v1"
+
+
+def test_json_schemas_export(tmp_path) -> None:
+    written = export_json_schemas(tmp_path)
+    assert {p.name for p in written} >= {"metric_batch.schema.json",
+                                         "actuation_command.schema.json"}
