@@ -1,0 +1,7 @@
+"""``dsec bench``: one sub-command per benchmark, each printing one JSON object with ``--json``."""
+
+from __future__ import annotations
+
+import typer
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
