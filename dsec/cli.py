@@ -133,6 +133,33 @@ def kafka_fetch() -> None:
     console.print(f"Kafka {KAFKA_VERSION} jars in {fetch_jars()}")
 
 
+@kafka_app.command("run")
+def kafka_run(
+    port: Annotated[int, typer.Option(help="Client port on 127.0.0.1 (0: any free).")] = 0,
+    data_dir: Annotated[Path | None, typer.Option(help="Broker data folder.")] = None,
+) -> None:
+    """Run the local KRaft broker with dsec's topics until Ctrl-C (for DSEC_TEST_BOOTSTRAP)."""
+    import signal
+    import threading
+
+    from dsec.infra.kafka_local import KAFKA_VERSION, LocalKafka
+    from dsec.infra.topics import ensure_topics
+
+    settings = _settings(data_dir=data_dir)
+    broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        bootstrap = broker.start()
+        ensure_topics(settings.model_copy(update={"bootstrap": bootstrap}))
+        console.print(f"Kafka {KAFKA_VERSION} on {bootstrap}; Ctrl-C stops it")
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+
+
 def main() -> None:
     app()
 
