@@ -25,3 +25,40 @@ class FeatureEvent(Event):
         if bad:
             raise ValueError(f"non-finite feature values: {', '.join(sorted(bad))}")
         return features
+
+
+# The feature catalogue: every name the stream jobs publish, with its unit. Policies are
+# written against these names; a name's meaning and unit never change within a version.
+WORKER_FEATURES: dict[str, str] = {
+    "reward_mean": "mean episode return over the last N episodes",
+    "reward_variance": "sample variance of the episode return over the last N episodes",
+    "reward_episodes": "episodes in the reward window (count)",
+    "reward_variance_jump_ratio": "reward variance of this window over the previous one",
+    "episode_length_mean": "mean episode length over the window (steps)",
+    "episode_length_cv": "coefficient of variation of the episode length (ratio)",
+    "episode_same_end_streak": "consecutive episodes that ended with the same reason (count)",
+    "grad_norm": "latest gradient L2 norm",
+    "grad_norm_log_slope": "least-squares slope of log(grad norm) against step (1/step)",
+    "grad_norm_spike_z": "z-score of the latest gradient norm against the window",
+    "grad_nonfinite_count": "steps with NaN/Inf gradients in the window (count)",
+    "loss_nonfinite_count": "steps with a NaN/Inf loss in the window (count)",
+    "grad_sync_latency_p50_ms": "gradient sync latency, median (ms)",
+    "grad_sync_latency_p95_ms": "gradient sync latency, 95th percentile (ms)",
+    "grad_sync_latency_p99_ms": "gradient sync latency, 99th percentile (ms)",
+    "grad_sync_bytes_per_s": "gradient upload rate over the window (bytes/s)",
+    "grad_sync_success_rate": "successful syncs over all syncs in the window (ratio)",
+    "gpu_memory_used_bytes": "latest device memory in use (bytes)",
+    "gpu_memory_growth_bytes_per_s": "least-squares growth of device memory in use (bytes/s)",
+    "gpu_utilisation_pct": "latest device utilisation (percent)",
+    "gpu_temperature_c": "latest device temperature (degrees C)",
+    "gpu_thermal_throttle_events": "samples with thermal clock throttling in the window (count)",
+    "heartbeat_age_s": "seconds since the worker's last heartbeat",
+    "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
+    "probe_samples_dropped": "samples the probe dropped since it started (count)",
+}
+
+FLEET_FEATURES: dict[str, str] = {
+    "pool_utilisation_rate": "mean device utilisation over the pool (ratio 0..1)",
+    "breaker_trips_per_hour": "circuit-breaker trips in the last hour (count)",
+    "snapshot_recovery_time_s": "mean time to resume from a snapshot, last hour (s)",
+}
