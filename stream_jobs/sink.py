@@ -2,12 +2,13 @@
 
 It is its own consumer group, and the only writer of the store: a chDB directory
 can be open in one process only, so every other component publishes to Kafka.
-A batch's insert carries a deduplication token made of its offsets, so a batch
-replayed after a crash between write and commit is not written twice.
+A batch's insert carries a deduplication token made of its content's hash, so a
+batch replayed after a crash between write and commit is not written twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -108,7 +109,7 @@ class ClickHouseSink:
 
     def _write(self, messages: list[Message]) -> None:
         by_table: dict[str, list[rows.Row]] = {}
-        first_offsets: dict[str, str] = {}
+        digests: dict[str, hashlib.blake2b] = {}
         for message in messages:
             error = message.error()
             if error is not None:
@@ -127,12 +128,13 @@ class ClickHouseSink:
                 log.debug("sink: skipping %s@%d: %s", message.topic(), message.offset(), exc)
                 continue
             by_table.setdefault(route.table, []).extend(route.to_rows(event))
-            marker = f"{message.topic()}/{message.partition()}@{message.offset()}"
-            first_offsets.setdefault(route.table, marker)
-            first_offsets[route.table + "#last"] = marker
+            digests.setdefault(route.table, hashlib.blake2b(digest_size=16)).update(
+                message.value()
+            )
         for table, table_rows in by_table.items():
-            token = f"{first_offsets[table]}..{first_offsets[table + '#last']}"
-            self._insert(table, table_rows, token)
+            # The token is the content's hash: a batch replayed after a crash between insert
+            # and commit carries the same events, hence the same token, and is not stored twice.
+            self._insert(table, table_rows, digests[table].hexdigest())
 
     def _insert(self, table: str, table_rows: list[rows.Row], token: str) -> None:
         route = next(r for r in self._routes.values() if r.table == table)
