@@ -16,6 +16,9 @@ def producer_config(settings: DsecSettings, client_id: str, **overrides: str | i
         "acks": "all",
         "linger.ms": 5,
         "compression.type": "zstd",
+        # Java's partitioner, as Faust and the JVM clients use: a worker's key lands on the
+        # same partition whoever produces it, so its state and its events stay together.
+        "partitioner": "murmur2_random",
         **settings.kafka_security(),
     }
     config.update(overrides)

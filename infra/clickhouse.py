@@ -7,16 +7,23 @@ import re
 from importlib import resources
 
 import clickhouse_connect
+import numpy as np
 from clickhouse_connect.driver.client import Client
 
+from dsec.stream_jobs.frames import FIELD_DTYPES
+from dsec.stream_jobs.raw_columns import raw_table_name
+
 TABLES = (
-    "raw_metrics",
     "features",
+    "gpu_profiles",
     "actuations",
     "actuation_results",
     "policy_decisions",
     "dead_letters",
+    "sink_offsets",
 )
+RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
+_LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source")
 
 
 class StoreLockedError(RuntimeError):
@@ -42,7 +49,58 @@ def schema_statements(ttl_days: int) -> list[str]:
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
+def _clickhouse_type(dtype: object) -> str:
+    if dtype is np.int64:
+        return "Int64"
+    if dtype is np.float64:
+        return "Nullable(Float64)"
+    if dtype is np.bool_:
+        return "Bool"
+    return "LowCardinality(String)"
+
+
+def raw_table_statements(ttl_days: int) -> list[str]:
+    """One table per sample kind, columns as the schemas say, and the raw_metrics view."""
+    statements, selects = [], []
+    for kind, fields in FIELD_DTYPES.items():
+        columns = [
+            "event_time DateTime64(3, 'UTC')", "batch_id String", "seq UInt32",
+            "job_id LowCardinality(String)", "node_id LowCardinality(String)",
+            "worker_id LowCardinality(String)",
+        ]
+        if "gpu_uuid" not in fields:
+            columns.append("gpu_uuid LowCardinality(String)")
+        columns += [
+            f"{name} {_clickhouse_type(dtype)}"
+            for name, dtype in fields.items() if name != "event_time_ms"
+        ]
+        columns.append("ingest_time DateTime64(3, 'UTC') DEFAULT now64(3)")
+        table = raw_table_name(kind)
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}) ENGINE = MergeTree "
+            "PARTITION BY toDate(event_time) ORDER BY (job_id, worker_id, event_time) "
+            f"TTL toDateTime(event_time) + INTERVAL {int(ttl_days)} DAY "
+            "SETTINGS non_replicated_deduplication_window = 10000"
+        )
+        numbers = [name for name, dtype in fields.items()
+                   if dtype is not object and name not in ("event_time_ms", "step")]
+        labels = [name for name in _LABEL_FIELDS if name in fields]
+        step = "step" if "step" in fields else (
+            "episode_index" if "episode_index" in fields else "toInt64(0)")
+        values = ", ".join(f"'{n}', ifNull(toFloat64({n}), nan)" for n in numbers)
+        label_pairs = ", ".join(f"'{n}', ifNull({n}, '')" for n in labels)
+        selects.append(
+            f"SELECT event_time, batch_id, seq, job_id, node_id, worker_id, "
+            f"toString(gpu_uuid) AS gpu_uuid, '{kind}' AS kind, toInt64({step}) AS step, "
+            f"CAST(map({values}), 'Map(String, Float64)') AS values, "
+            f"CAST(map({label_pairs}), 'Map(String, String)') AS labels, ingest_time "
+            f"FROM {table}"
+        )
+    statements.append("CREATE OR REPLACE VIEW raw_metrics AS " + " UNION ALL ".join(selects))
+    return statements
+
+
 def ensure_schema(client: Client, ttl_days: int = 30) -> None:
     """Creates the history tables if they are missing; safe to run at every start."""
-    for statement in schema_statements(ttl_days):
+    for statement in schema_statements(ttl_days) + raw_table_statements(ttl_days):
         client.command(statement)

@@ -25,6 +25,7 @@ from dsec.settings import DsecSettings
 from dsec.stream_jobs.faust_app import make_faust_app
 from dsec.stream_jobs.metrics_job import register_metrics_job
 from dsec.stream_jobs.sink import ClickHouseSink
+from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
@@ -105,7 +106,9 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             f"{settings.topic_prefix}-stream", settings,
             partitions=_partition_count(settings, topics.metrics),
         )
-        register_metrics_job(app, topics, options.window_episodes)
+        register_metrics_job(
+            app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
+        )
         register_policy_engine(app, topics, load_builtin_policies(), settings.signing_key_bytes())
         worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):

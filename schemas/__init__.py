@@ -13,14 +13,16 @@ from dsec.schemas.actuations import (
 from dsec.schemas.base import SCHEMA_VERSION, Event, WorkerIdentity, new_event_id, now_ms
 from dsec.schemas.codec import DecodeError, decode, encode
 from dsec.schemas.dead_letters import DeadLetter
-from dsec.schemas.features import FeatureEvent
+from dsec.schemas.features import FeatureEvent, GpuProfileEvent
 from dsec.schemas.metrics import (
     EpisodeSample,
     GpuSample,
     GradSyncSample,
     HeartbeatSample,
     MetricBatch,
+    MetricColumns,
     MetricSample,
+    RecoverySample,
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
@@ -40,14 +42,17 @@ __all__ = [
     "EpisodeSample",
     "Event",
     "FeatureEvent",
+    "GpuProfileEvent",
     "GpuSample",
     "GradSyncSample",
     "HeartbeatSample",
     "MetricBatch",
+    "MetricColumns",
     "MetricSample",
     "PolicyAction",
     "PolicyDecision",
     "PolicySpec",
+    "RecoverySample",
     "SignatureError",
     "StepSample",
     "TopicSpec",

@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from dsec.schemas.base import Event, Identifier, WorkerIdentity
+from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
 
 FeatureName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+
+
+class RegimeGrowth(Model):
+    """Device memory change observed while a worker ran in one episode-length regime."""
+
+    delta_bytes: float
+    delta_s: Annotated[float, Field(ge=0)]
+
+
+Regime = Literal["short", "medium", "long"]
+
+
+class GpuProfileEvent(Event):
+    """One worker's running contribution to a GPU's "personality": cumulative totals, so
+    the latest event per (GPU, worker) replaces the ones before it."""
+
+    gpu_uuid: Identifier
+    gpu_model: Annotated[str, Field(max_length=128)] = ""
+    identity: WorkerIdentity
+    regimes: dict[Regime, RegimeGrowth]
+    thermal_throttle_events: Annotated[int, Field(ge=0)] = 0
+    bandwidth_jitter: Annotated[float, Field(ge=0)] = 0.0
+    samples: Annotated[int, Field(ge=0)] = 0
 
 
 class FeatureEvent(Event):
@@ -34,6 +57,7 @@ WORKER_FEATURES: dict[str, str] = {
     "reward_variance": "sample variance of the episode return over the last N episodes",
     "reward_episodes": "episodes in the reward window (count)",
     "reward_variance_jump_ratio": "reward variance of this window over the previous one",
+    "reward_variance_time_window": "reward variance over the last time window (60 s default)",
     "episode_length_mean": "mean episode length over the window (steps)",
     "episode_length_cv": "coefficient of variation of the episode length (ratio)",
     "episode_same_end_streak": "consecutive episodes that ended with the same reason (count)",
@@ -47,6 +71,7 @@ WORKER_FEATURES: dict[str, str] = {
     "grad_sync_latency_p99_ms": "gradient sync latency, 99th percentile (ms)",
     "grad_sync_bytes_per_s": "gradient upload rate over the window (bytes/s)",
     "grad_sync_success_rate": "successful syncs over all syncs in the window (ratio)",
+    "grad_sync_bandwidth_jitter": "coefficient of variation of per-sync throughput (ratio)",
     "gpu_memory_used_bytes": "latest device memory in use (bytes)",
     "gpu_memory_growth_bytes_per_s": "least-squares growth of device memory in use (bytes/s)",
     "gpu_utilisation_pct": "latest device utilisation (percent)",
@@ -55,6 +80,7 @@ WORKER_FEATURES: dict[str, str] = {
     "heartbeat_age_s": "seconds since the worker's last heartbeat",
     "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
     "probe_samples_dropped": "samples the probe dropped since it started (count)",
+    "last_recovery_time_s": "how long the worker's last resume took (s)",
 }
 
 FLEET_FEATURES: dict[str, str] = {

@@ -31,6 +31,8 @@ TOPICS: dict[str, TopicSpec] = {
     for spec in (
         TopicSpec("metrics", "metrics.v1", 6, DAY_MS, key="worker_id"),
         TopicSpec("features", "features.v1", 6, 3 * DAY_MS, key="worker_id"),
+        TopicSpec("gpu_profiles", "gpu-profiles.v1", 6, -1, compacted=True,
+                  key="gpu_uuid/worker_id"),
         TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
         TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
         TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
@@ -44,6 +46,7 @@ TOPICS: dict[str, TopicSpec] = {
 class TopicNames:
     metrics: str
     features: str
+    gpu_profiles: str
     policies: str
     actuations: str
     actuation_results: str

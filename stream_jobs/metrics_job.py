@@ -1,12 +1,19 @@
-"""The metrics job: validate probe batches (bad ones → dead letters) and derive reward features.
+"""The metrics job: validate probe batches (bad ones → dead letters), derive per-worker
+features and per-GPU profile contributions, and publish them.
 
-The agent only routes and keeps state (per-worker reward windows in a Faust table);
-the statistics are the pure functions of ``reward_stats``.
+The agent takes events in batches and only routes and keeps state; the statistics
+live in ``stats`` and ``worker_features`` as pure functions. Per-worker state is a
+Faust table keyed like the metrics topic (by worker), so a restarted or rebalanced
+stream worker resumes from it. Input offsets are acknowledged only once every output
+of the batch is delivered.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import faust
@@ -14,14 +21,19 @@ import faust
 from dsec.schemas import (
     DeadLetter,
     DecodeError,
-    EpisodeSample,
     FeatureEvent,
+    GpuProfileEvent,
     MetricBatch,
+    WorkerIdentity,
     decode,
     encode,
+    now_ms,
 )
+from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs.reward_stats import append_bounded, reward_window_features
+from dsec.stream_jobs import worker_features
+from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +42,10 @@ log = logging.getLogger(__name__)
 class JobCounters:
     messages_in: int = 0
     samples_in: int = 0
+    replayed_skipped: int = 0
     dead_letters: int = 0
     features_out: int = 0
+    gpu_profiles_out: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
@@ -43,49 +57,128 @@ def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
     )
 
 
+def derived_event_id(*parts: object) -> str:
+    """A deterministic id: re-deriving the same output after a replay gives the same id."""
+    return hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class _WorkerOutput:
+    identity: WorkerIdentity
+    features: dict[str, float] = field(default_factory=dict)
+    gpus: dict[str, worker_features.GpuContribution] = field(default_factory=dict)
+    last_partition: int = 0
+    last_offset: int = 0
+
+
 def register_metrics_job(
-    app: faust.App, topics: TopicNames, window_episodes: int = 20
+    app: faust.App,
+    topics: TopicNames,
+    config: FeatureConfig | None = None,
+    batch_max_messages: int = 500,
+    batch_within_s: float = 0.05,
 ) -> JobCounters:
+    config = config or FeatureConfig()
     counters = JobCounters()
     metrics = app.topic(topics.metrics, value_type=bytes, key_type=bytes)
     features = app.topic(topics.features, value_type=bytes, key_type=bytes)
+    gpu_profiles = app.topic(topics.gpu_profiles, value_type=bytes, key_type=bytes)
     dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
-    reward_windows = app.Table(
-        "reward-windows", default=list, partitions=None, value_type=list
+    # Keyed by worker id, partitioned as the metrics topic is: a worker's state lives
+    # with its events, and timers may update it outside any event.
+    worker_state = app.Table(
+        "worker-state", default=dict, partitions=None, value_type=dict,
+        key_type=str, use_partitioner=True,
     )
 
-    async def send_durably(topic: faust.TopicT, key: bytes, value: bytes) -> None:
-        # Awaiting the delivery keeps the input offset from being acked before the output is stored.
-        await (await topic.send(key=key, value=value))
+    def feature_event(output: _WorkerOutput, values: dict[str, float], event_id: str) -> bytes:
+        return encode(FeatureEvent(
+            event_id=event_id, identity=output.identity, window="rolling", features=values,
+        ))
 
-    @app.agent(metrics, name="metrics-job")
-    async def metrics_job(stream: faust.StreamT) -> None:
-        async for event in stream.events():
+    async def process(events: list[faust.EventT]) -> None:
+        sends = []
+        outputs: dict[str, _WorkerOutput] = {}
+        states: dict[str, dict] = {}
+        wall_ms = now_ms()
+        for event in events:
             counters.messages_in += 1
+            message = event.message
             try:
                 batch = decode(event.value, MetricBatch)
             except DecodeError as exc:
                 counters.dead_letters += 1
                 letter = dead_letter_for(event, exc.reason)
-                await send_durably(dead_letters, event.message.topic.encode(), encode(letter))
-                continue
-            counters.samples_in += len(batch.samples)
-            for sample in batch.samples:
-                counters.by_kind[sample.kind] = counters.by_kind.get(sample.kind, 0) + 1
-            rewards = [s.reward for s in batch.samples if isinstance(s, EpisodeSample)]
-            if not rewards:
+                sends.append(await dead_letters.send(key=message.topic.encode(),
+                                                     value=encode(letter)))
                 continue
             worker = batch.identity.worker_id
-            window = append_bounded(reward_windows[worker], rewards, 2 * window_episodes)
-            reward_windows[worker] = window
-            values = reward_window_features(window, window_episodes)
-            feature = FeatureEvent(
-                identity=batch.identity,
-                gpu_uuid=batch.gpu_uuid,
-                window=f"last_{window_episodes}_episodes",
-                features=values,
+            frames = batch_frames(batch)
+            counters.samples_in += batch.sample_count()
+            state = states[worker] if worker in states else worker_state[worker]
+            result = worker_features.update(
+                state, frames, message.partition, message.offset, wall_ms, config
             )
-            await send_durably(features, worker.encode(), encode(feature))
+            if result.skipped:
+                counters.replayed_skipped += 1
+                continue
+            state = dict(result.state)
+            state["identity"] = batch.identity.model_dump()
+            states[worker] = state
+            output = outputs.setdefault(worker, _WorkerOutput(batch.identity))
+            output.identity = batch.identity
+            output.features.update(result.features)
+            for contribution in result.gpus:
+                output.gpus[contribution.gpu_uuid] = contribution
+            output.last_partition, output.last_offset = message.partition, message.offset
+        for worker, output in outputs.items():
+            key = worker.encode()
+            if output.features:
+                event_id = derived_event_id("features", worker, output.last_partition,
+                                            output.last_offset)
+                sends.append(await features.send(
+                    key=key, value=feature_event(output, output.features, event_id)))
+                counters.features_out += 1
+            for uuid, contribution in output.gpus.items():
+                profile = GpuProfileEvent(
+                    event_id=derived_event_id("gpu", uuid, worker, output.last_partition,
+                                              output.last_offset),
+                    gpu_uuid=uuid, gpu_model=contribution.gpu_model, identity=output.identity,
+                    regimes={name: RegimeGrowth(delta_bytes=d_bytes, delta_s=d_s)
+                             for name, (d_bytes, d_s) in contribution.regimes.items()},
+                    thermal_throttle_events=contribution.thermal_throttle_events,
+                    bandwidth_jitter=contribution.bandwidth_jitter,
+                    samples=contribution.samples,
+                )
+                sends.append(await gpu_profiles.send(
+                    key=f"{uuid}/{worker}".encode(), value=encode(profile)))
+                counters.gpu_profiles_out += 1
+        # Outputs first, state second: a crash in between replays the batch, which derives
+        # the same outputs under the same ids (deduplicated downstream).
+        if sends:
+            await asyncio.gather(*sends)
+        for worker, state in states.items():
+            worker_state[worker] = state
+
+    @app.agent(metrics, name="metrics-job")
+    async def metrics_job(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(batch_max_messages, within=batch_within_s):
+            await process(list(events))
+
+    @app.timer(interval=1.0)
+    async def liveness_check() -> None:
+        wall_ms = int(time.time() * 1000)
+        for worker, state in list(worker_state.items()):
+            new_state, lost = worker_features.liveness(state, wall_ms, config)
+            if lost is None:
+                continue
+            identity = WorkerIdentity.model_validate(state["identity"])
+            output = _WorkerOutput(identity)
+            event_id = derived_event_id("lost", worker, state.get("last_heartbeat_ms"))
+            await (await features.send(key=worker.encode(),
+                                       value=feature_event(output, lost, event_id)))
+            worker_state[worker] = new_state
             counters.features_out += 1
+            log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
 
     return counters

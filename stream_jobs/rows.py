@@ -11,7 +11,7 @@ from dsec.schemas import (
     ActuationResult,
     DeadLetter,
     FeatureEvent,
-    MetricBatch,
+    GpuProfileEvent,
     PolicyDecision,
 )
 
@@ -20,39 +20,6 @@ Row = list
 
 def ms_to_datetime(epoch_ms: int) -> datetime:
     return datetime.fromtimestamp(epoch_ms / 1000.0, tz=UTC)
-
-
-RAW_METRICS_COLUMNS = [
-    "event_time", "event_id", "batch_id", "job_id", "node_id", "worker_id", "gpu_uuid",
-    "kind", "step", "values", "labels",
-]
-_IDENTITY_FIELDS = {"event_id", "event_time_ms", "kind", "step", "gpu_uuid", "gpu_model",
-                    "termination_reason", "op"}
-
-
-def metric_rows(batch: MetricBatch) -> list[Row]:
-    identity = batch.identity
-    rows = []
-    for sample in batch.samples:
-        values: dict[str, float] = {}
-        labels: dict[str, str] = {}
-        for name, value in sample:
-            if name in _IDENTITY_FIELDS or value is None:
-                continue
-            if isinstance(value, bool | int | float):
-                values[name] = float(value)
-        for name in ("termination_reason", "gpu_model", "op"):
-            label = getattr(sample, name, None)
-            if label:
-                labels[name] = label
-        rows.append([
-            ms_to_datetime(sample.event_time_ms), sample.event_id, batch.event_id,
-            identity.job_id, identity.node_id, identity.worker_id,
-            getattr(sample, "gpu_uuid", None) or batch.gpu_uuid or "",
-            sample.kind, int(getattr(sample, "step", getattr(sample, "episode_index", 0)) or 0),
-            values, labels,
-        ])
-    return rows
 
 
 FEATURE_COLUMNS = [
@@ -133,3 +100,20 @@ def dead_letter_rows(letter: DeadLetter) -> list[Row]:
         ms_to_datetime(letter.event_time_ms), letter.event_id, letter.source_topic,
         letter.partition, letter.offset, letter.reason, letter.payload, letter.payload_encoding,
     ]]
+
+
+GPU_PROFILE_COLUMNS = [
+    "event_time", "event_id", "gpu_uuid", "gpu_model", "job_id", "node_id", "worker_id",
+    "regime", "delta_bytes", "delta_s", "thermal_throttle_events", "bandwidth_jitter", "samples",
+]
+
+
+def gpu_profile_rows(profile: GpuProfileEvent) -> list[Row]:
+    identity = profile.identity
+    when = ms_to_datetime(profile.event_time_ms)
+    return [
+        [when, profile.event_id, profile.gpu_uuid, profile.gpu_model, identity.job_id,
+         identity.node_id, identity.worker_id, regime, growth.delta_bytes, growth.delta_s,
+         profile.thermal_throttle_events, profile.bandwidth_jitter, profile.samples]
+        for regime, growth in sorted(profile.regimes.items())
+    ]

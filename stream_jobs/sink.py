@@ -1,9 +1,15 @@
 """The ClickHouse sink: persists dsec's topics, committing offsets only after the write.
 
-It is its own consumer group, and the only writer of the store: a chDB directory
-can be open in one process only, so every other component publishes to Kafka.
-A batch's insert carries a deduplication token made of its content's hash, so a
-batch replayed after a crash between write and commit is not written twice.
+It is its own consumer group, and the only writer of the embedded store: a chDB
+directory can be open in one process only, so every other component publishes to
+Kafka. Nothing is stored twice:
+- raw samples go column-wise (Arrow) into one table per sample kind;
+- after each write, the next offsets are recorded in ClickHouse (``sink_offsets``)
+  before they are committed to Kafka, and a restarted sink resumes from the record,
+  so a crash between the write and the commit does not replay the batch;
+- the smaller topics are deduplicated by event id (derived outputs of the stream
+  jobs carry deterministic ids, so a replayed stream batch re-derives the same ids);
+- every insert carries its content's hash as the deduplication token.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ import hashlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pydantic import BaseModel
 from tenacity import Retrying, stop_never, wait_exponential
 
@@ -27,12 +34,15 @@ from dsec.schemas import (
     DeadLetter,
     DecodeError,
     FeatureEvent,
+    GpuProfileEvent,
     MetricBatch,
     PolicyDecision,
     decode,
 )
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import rows
+from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +53,58 @@ class TableRoute:
     columns: list[str]
     model: type[BaseModel]
     to_rows: Callable[[Any], list[rows.Row]]
+    id_of: Callable[[Any], str]
+    id_column: str = "event_id"
+
+
+def _event_id(event: Any) -> str:
+    return event.event_id
 
 
 def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
     return {
-        topics.metrics: TableRoute(
-            "raw_metrics", rows.RAW_METRICS_COLUMNS, MetricBatch, rows.metric_rows),
         topics.features: TableRoute(
-            "features", rows.FEATURE_COLUMNS, FeatureEvent, rows.feature_rows),
+            "features", rows.FEATURE_COLUMNS, FeatureEvent, rows.feature_rows, _event_id),
+        topics.gpu_profiles: TableRoute(
+            "gpu_profiles", rows.GPU_PROFILE_COLUMNS, GpuProfileEvent, rows.gpu_profile_rows,
+            _event_id),
         topics.actuations: TableRoute(
-            "actuations", rows.ACTUATION_COLUMNS, ActuationCommand, rows.actuation_rows),
+            "actuations", rows.ACTUATION_COLUMNS, ActuationCommand, rows.actuation_rows,
+            lambda command: command.actuation_id, id_column="actuation_id"),
         topics.actuation_results: TableRoute(
-            "actuation_results", rows.RESULT_COLUMNS, ActuationResult, rows.result_rows),
+            "actuation_results", rows.RESULT_COLUMNS, ActuationResult, rows.result_rows,
+            _event_id),
         topics.decisions: TableRoute(
-            "policy_decisions", rows.DECISION_COLUMNS, PolicyDecision, rows.decision_rows),
+            "policy_decisions", rows.DECISION_COLUMNS, PolicyDecision, rows.decision_rows,
+            _event_id),
         topics.dead_letters: TableRoute(
-            "dead_letters", rows.DEAD_LETTER_COLUMNS, DeadLetter, rows.dead_letter_rows),
+            "dead_letters", rows.DEAD_LETTER_COLUMNS, DeadLetter, rows.dead_letter_rows,
+            _event_id),
     }
+
+
+class _RecentIds:
+    """A bounded set of recently stored ids, oldest forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self.capacity = capacity
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def add(self, event_id: str) -> None:
+        self._ids[event_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
 
 
 @dataclass
 class SinkCounters:
     messages: int = 0
+    samples: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
+    duplicates_skipped: int = 0
     undecodable: int = 0
     insert_retries: int = 0
 
@@ -77,67 +116,148 @@ class ClickHouseSink:
         client_lock: threading.Lock,
         consumer_config: dict,
         topics: TopicNames,
-        batch_max_messages: int = 5000,
-        poll_timeout_s: float = 0.2,
+        batch_max_messages: int = 2000,
+        poll_timeout_s: float = 0.1,
+        remember_ids: int = 200_000,
     ) -> None:
         self._client = client
         self._client_lock = client_lock
         self._consumer_config = consumer_config
+        self._group = str(consumer_config["group.id"])
+        self._metrics_topic = topics.metrics
         self._routes = routes_for(topics)
         self._batch_max = batch_max_messages
         self._poll_timeout_s = poll_timeout_s
+        self._recent = {route.table: _RecentIds(remember_ids) for route in self._routes.values()}
+        self._recent_batches = _RecentIds(remember_ids)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counters = SinkCounters()
         self.last_error: str | None = None
 
+    @property
+    def topics(self) -> list[str]:
+        return [self._metrics_topic, *self._routes]
+
     def start(self) -> None:
+        self._seed_recent_ids()
         self._thread = threading.Thread(target=self.run, name="dsec-clickhouse-sink", daemon=True)
         self._thread.start()
 
+    def _seed_recent_ids(self) -> None:
+        """Ids stored in the last day, so that replays across a restart are recognised."""
+        for route in self._routes.values():
+            with self._client_lock:
+                result = self._client.query(
+                    f"SELECT {route.id_column} FROM {route.table} "
+                    "WHERE event_time > now() - INTERVAL 1 DAY "
+                    f"ORDER BY event_time DESC LIMIT {self._recent[route.table].capacity}"
+                )
+            for (event_id,) in reversed(result.result_rows):
+                self._recent[route.table].add(event_id)
+
+    def _stored_offsets(self) -> dict[tuple[str, int], int]:
+        with self._client_lock:
+            result = self._client.query(
+                "SELECT topic, partition, argMax(next_offset, updated_at) FROM sink_offsets "
+                "WHERE consumer_group = {group:String} GROUP BY topic, partition",
+                parameters={"group": self._group},
+            )
+        return {(topic, int(partition)): int(offset)
+                for topic, partition, offset in result.result_rows}
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        stored = self._stored_offsets()
+        for tp in partitions:
+            offset = stored.get((tp.topic, tp.partition))
+            if offset is not None:
+                tp.offset = offset
+        consumer.assign(partitions)
+
     def run(self) -> None:
         consumer = Consumer(self._consumer_config)
-        consumer.subscribe(list(self._routes))
+        consumer.subscribe(self.topics, on_assign=self._on_assign)
         try:
             while not self._stop.is_set():
                 messages = consumer.consume(self._batch_max, self._poll_timeout_s)
                 if messages:
-                    self._write(messages)
+                    self.write(messages)
                     consumer.commit(asynchronous=False)
         finally:
             consumer.close()
 
-    def _write(self, messages: list[Message]) -> None:
+    def write(self, messages: list[Message]) -> None:
+        """Stores a consumed batch and records where the next one starts."""
+        raw = RawColumnsBuilder()
         by_table: dict[str, list[rows.Row]] = {}
-        digests: dict[str, hashlib.blake2b] = {}
+        digests: dict[str, Any] = {}
+        next_offsets: dict[tuple[str, int], int] = {}
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("sink: %s", error)
                 continue
-            route = self._routes.get(message.topic())
+            topic, value = message.topic(), message.value()
+            next_offsets[(topic, message.partition())] = message.offset() + 1
+            self.counters.messages += 1
+            if topic == self._metrics_topic:
+                self._add_raw(raw, value, digests)
+                continue
+            route = self._routes.get(topic)
             if route is None:
                 continue
-            self.counters.messages += 1
             try:
-                event = decode(message.value(), route.model)
+                event = decode(value, route.model)
             except DecodeError as exc:
-                # Metrics are dead-lettered by the metrics job; here they are only counted.
                 self.counters.undecodable += 1
-                log.debug("sink: skipping %s@%d: %s", message.topic(), message.offset(), exc)
+                log.warning("sink: skipping %s@%d: %s", topic, message.offset(), exc.reason)
                 continue
+            event_id = route.id_of(event)
+            if event_id in self._recent[route.table]:
+                self.counters.duplicates_skipped += 1
+                continue
+            self._recent[route.table].add(event_id)
             by_table.setdefault(route.table, []).extend(route.to_rows(event))
-            digests.setdefault(route.table, hashlib.blake2b(digest_size=16)).update(
-                message.value()
-            )
+            digests.setdefault(route.table, hashlib.blake2b(digest_size=16)).update(value)
+        for table, arrow_table in raw.tables().items():
+            self._insert(table, lambda t=table, a=arrow_table, d=digests["raw"]: self._client
+                         .insert_arrow(t, a, settings={"insert_deduplication_token":
+                                                       f"{t}:{d.hexdigest()}"}))
+            self._count(table, arrow_table.num_rows)
         for table, table_rows in by_table.items():
-            # The token is the content's hash: a batch replayed after a crash between insert
-            # and commit carries the same events, hence the same token, and is not stored twice.
-            self._insert(table, table_rows, digests[table].hexdigest())
+            route = next(r for r in self._routes.values() if r.table == table)
+            token = digests[table].hexdigest()
+            self._insert(table, lambda t=table, r=table_rows, c=route.columns, k=token:
+                         self._client.insert(t, r, column_names=c,
+                                             settings={"insert_deduplication_token": k}))
+            self._count(table, len(table_rows))
+        if next_offsets:
+            offset_rows = [[self._group, topic, partition, offset]
+                           for (topic, partition), offset in next_offsets.items()]
+            self._insert("sink_offsets", lambda: self._client.insert(
+                "sink_offsets", offset_rows,
+                column_names=["consumer_group", "topic", "partition", "next_offset"]))
 
-    def _insert(self, table: str, table_rows: list[rows.Row], token: str) -> None:
-        route = next(r for r in self._routes.values() if r.table == table)
+    def _add_raw(self, raw: RawColumnsBuilder, value: bytes, digests: dict[str, Any]) -> None:
+        try:
+            batch = decode(value, MetricBatch)
+        except DecodeError:
+            # The metrics job dead-letters these, with the reason; here they are only counted.
+            self.counters.undecodable += 1
+            return
+        if batch.event_id in self._recent_batches:
+            self.counters.duplicates_skipped += 1
+            return
+        self._recent_batches.add(batch.event_id)
+        raw.add(batch, batch_frames(batch))
+        self.counters.samples += batch.sample_count()
+        digests.setdefault("raw", hashlib.blake2b(digest_size=16)).update(value)
+
+    def _count(self, table: str, added: int) -> None:
+        self.counters.rows_by_table[table] = self.counters.rows_by_table.get(table, 0) + added
+
+    def _insert(self, table: str, insert: Callable[[], object]) -> None:
         for attempt in Retrying(wait=wait_exponential(min=0.2, max=10), stop=stop_never,
                                 reraise=True):
             with attempt:
@@ -145,18 +265,12 @@ class ClickHouseSink:
                     raise RuntimeError(f"sink stopping; {table} batch not written")
                 try:
                     with self._client_lock:
-                        self._client.insert(
-                            table, table_rows, column_names=route.columns,
-                            settings={"insert_deduplication_token": token},
-                        )
+                        insert()
                 except Exception as exc:
                     self.counters.insert_retries += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("sink: insert into %s failed, retrying: %s", table, exc)
                     raise
-        self.counters.rows_by_table[table] = (
-            self.counters.rows_by_table.get(table, 0) + len(table_rows)
-        )
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
@@ -168,27 +282,22 @@ class ClickHouseSink:
 def wait_until_drained(
     consumer_config: dict, topics: list[str], timeout_s: float, poll_s: float = 0.5
 ) -> bool:
-    """True once the sink group's committed offsets reach the end of every topic."""
-    from confluent_kafka import TopicPartition
-
+    """True once the group's committed offsets reach the end of every topic."""
     probe = Consumer({**consumer_config, "enable.auto.commit": False})
     try:
         deadline = time.monotonic() + timeout_s
-        partitions = []
         metadata = probe.list_topics(timeout=10)
-        for topic in topics:
-            for partition in metadata.topics[topic].partitions:
-                partitions.append(TopicPartition(topic, partition))
+        partitions = [
+            TopicPartition(topic, partition)
+            for topic in topics
+            for partition in metadata.topics[topic].partitions
+        ]
         while time.monotonic() < deadline:
             committed = probe.committed(partitions, timeout=10)
-            behind = False
-            for tp in committed:
-                _low, high = probe.get_watermark_offsets(tp, timeout=10)
-                position = tp.offset if tp.offset >= 0 else 0
-                if position < high:
-                    behind = True
-                    break
-            if not behind:
+            if all(
+                max(tp.offset, 0) >= probe.get_watermark_offsets(tp, timeout=10)[1]
+                for tp in committed
+            ):
                 return True
             time.sleep(poll_s)
         return False

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from dsec.infra.clickhouse import TABLES, connect, ensure_schema
+from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema
 from dsec.schemas import (
     EpisodeSample,
     FeatureEvent,
     HeartbeatSample,
     MetricBatch,
+    MetricColumns,
     StepSample,
     WorkerIdentity,
 )
+from dsec.schemas.metrics import StepColumns
 from dsec.stream_jobs import rows
+from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
 
@@ -29,12 +33,12 @@ def test_schema_is_created_idempotently(client) -> None:
     ensure_schema(client, ttl_days=7)
     ensure_schema(client, ttl_days=7)
     names = {row[0] for row in client.query("SHOW TABLES").result_rows}
-    assert set(TABLES) <= names
-    ddl = client.query("SHOW CREATE TABLE raw_metrics").result_rows[0][0]
+    assert set(TABLES) | set(RAW_TABLES) | {"raw_metrics"} <= names
+    ddl = client.query("SHOW CREATE TABLE raw_step").result_rows[0][0]
     assert "PARTITION BY toDate(event_time)" in ddl and "toIntervalDay(7)" in ddl
 
 
-def test_metric_rows_land_and_a_replayed_batch_is_not_doubled(client) -> None:
+def test_raw_samples_land_column_wise_and_a_replayed_insert_is_not_doubled(client) -> None:
     ensure_schema(client)
     batch = MetricBatch(identity=IDENTITY, samples=[
         StepSample(event_time_ms=1_800_000_000_000, step=7, loss=0.5, grad_norm=2.0),
@@ -42,19 +46,40 @@ def test_metric_rows_land_and_a_replayed_batch_is_not_doubled(client) -> None:
                       termination_reason="pole_fell"),
         HeartbeatSample(event_time_ms=1_800_000_000_002, interval_s=5.0, samples_dropped=4),
     ])
-    metric_rows = rows.metric_rows(batch)
+    builder = RawColumnsBuilder()
+    builder.add(batch, batch_frames(batch))
     for _ in range(2):
-        client.insert("raw_metrics", metric_rows, column_names=rows.RAW_METRICS_COLUMNS,
-                      settings={"insert_deduplication_token": "metrics/0@5..metrics/0@5"})
+        for table, arrow_table in builder.tables().items():
+            client.insert_arrow(table, arrow_table,
+                                settings={"insert_deduplication_token": f"{table}:same"})
     result = client.query(
         "SELECT kind, step, values['grad_norm'], values['reward'], labels['termination_reason'],"
-        " values['samples_dropped'] FROM raw_metrics ORDER BY event_time"
+        " values['samples_dropped'], worker_id, batch_id FROM raw_metrics ORDER BY event_time"
     ).result_rows
-    assert result == [
+    assert [row[:6] for row in result] == [
         ("step", 7, 2.0, 0.0, "", 0.0),
         ("episode", 3, 0.0, 21.0, "pole_fell", 0.0),
         ("heartbeat", 0, 0.0, 0.0, "", 4.0),
     ]
+    assert {row[6] for row in result} == {"w0"} and {row[7] for row in result} == {batch.event_id}
+    steps = client.query("SELECT loss, grad_norm, step_time_ms FROM raw_step").result_rows
+    assert steps == [(0.5, 2.0, None)]  # a missing optional number is NULL, not 0
+
+
+def test_columnar_and_row_batches_store_alike(client) -> None:
+    ensure_schema(client)
+    columns = MetricColumns(step=StepColumns(
+        event_time_ms=[1_800_000_000_000, 1_800_000_000_001], step=[1, 2],
+        loss=[0.25, None], grad_norm=[1.0, 3.0], loss_nonfinite=[False, True],
+    ))
+    batch = MetricBatch(identity=IDENTITY, columns=columns)
+    builder = RawColumnsBuilder()
+    builder.add(batch, batch_frames(batch))
+    for table, arrow_table in builder.tables().items():
+        client.insert_arrow(table, arrow_table)
+    result = client.query(
+        "SELECT step, loss, grad_norm, loss_nonfinite FROM raw_step ORDER BY step").result_rows
+    assert result == [(1, 0.25, 1.0, False), (2, None, 3.0, True)]
 
 
 def test_feature_rows_are_long_format(client) -> None:

@@ -47,7 +47,10 @@ def test_every_event_has_version_id_and_time() -> None:
     ("payload", "fragment"),
     [
         (b"not json", "invalid MetricBatch"),
-        (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}}', "samples"),
+        (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}, '
+         b'"columns": {"step": {"event_time_ms": [1], "step": [1, 2]}}}', "equal lengths"),
+        (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}, '
+         b'"columns": {"step": {"event_time_ms": [1], "step": [-1]}}}', "columns.step.step.0"),
         (b'{"identity": {"job_id": "j", "worker_id": "w", "node_id": "n"}, '
          b'"samples": [{"kind": "bogus", "event_time_ms": 1}]}', "samples.0"),
         (b'{"schema_version": 2, "identity": {"job_id": "j", "worker_id": "w", "node_id": "n"},'

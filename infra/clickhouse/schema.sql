@@ -1,27 +1,8 @@
 -- dsec history tables. Created idempotently at start; {ttl_days} is the retention.
 -- Every table: day partitions, a TTL, and a deduplication window so that a replayed
--- sink batch (same deduplication token) is not written twice.
-
-CREATE TABLE IF NOT EXISTS raw_metrics
-(
-    event_time  DateTime64(3, 'UTC'),
-    event_id    String,
-    batch_id    String,
-    job_id      LowCardinality(String),
-    node_id     LowCardinality(String),
-    worker_id   LowCardinality(String),
-    gpu_uuid    LowCardinality(String),
-    kind        LowCardinality(String),
-    step        Int64,
-    values      Map(LowCardinality(String), Float64),
-    labels      Map(LowCardinality(String), String),
-    ingest_time DateTime64(3, 'UTC') DEFAULT now64(3)
-)
-ENGINE = MergeTree
-PARTITION BY toDate(event_time)
-ORDER BY (job_id, worker_id, kind, event_time)
-TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
-SETTINGS non_replicated_deduplication_window = 10000;
+-- sink batch (same deduplication token) is not written twice. The raw sample tables
+-- (raw_step, raw_episode, …) and the raw_metrics view over them are made from the
+-- sample schemas by infra/clickhouse.py, so that they always match the wire.
 
 CREATE TABLE IF NOT EXISTS features
 (
@@ -115,3 +96,35 @@ PARTITION BY toDate(event_time)
 ORDER BY (source_topic, event_time)
 TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS gpu_profiles
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    gpu_uuid        LowCardinality(String),
+    gpu_model       LowCardinality(String),
+    job_id          LowCardinality(String),
+    node_id         LowCardinality(String),
+    worker_id       LowCardinality(String),
+    regime          LowCardinality(String),
+    delta_bytes     Float64,
+    delta_s         Float64,
+    thermal_throttle_events UInt32,
+    bandwidth_jitter Float64,
+    samples         UInt64
+)
+ENGINE = ReplacingMergeTree(event_time)
+PARTITION BY toDate(event_time)
+ORDER BY (gpu_uuid, worker_id, regime)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY;
+
+CREATE TABLE IF NOT EXISTS sink_offsets
+(
+    consumer_group  LowCardinality(String),
+    topic           LowCardinality(String),
+    partition       UInt32,
+    next_offset     UInt64,
+    updated_at      DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY (consumer_group, topic, partition);

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from dsec.stream_jobs.reward_stats import (
+from dsec.stream_jobs.stats import (
     append_bounded,
     mean_variance,
     reward_window_features,

@@ -1,0 +1,89 @@
+"""Metric batches → one Arrow table per sample kind, for column-wise inserts.
+
+A batch's identity is stored once per message and referenced by dictionary indices,
+so the per-sample cost is that of numpy concatenation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from dsec.schemas import MetricBatch
+from dsec.stream_jobs.frames import FIELD_DTYPES, Frame
+
+IDENTITY_COLUMNS = ("batch_id", "job_id", "node_id", "worker_id")
+
+
+def raw_table_name(kind: str) -> str:
+    return f"raw_{kind}"
+
+
+@dataclass
+class _KindBuffer:
+    columns: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    identity_index: list[np.ndarray] = field(default_factory=list)
+    seq: list[np.ndarray] = field(default_factory=list)
+    batch_gpu: list[np.ndarray] = field(default_factory=list)
+
+
+def _dictionary(message_values: list[str], message_of_row: np.ndarray) -> pa.DictionaryArray:
+    """A string column with one entry per distinct value (Arrow dictionaries must not repeat)."""
+    distinct, message_to_distinct = np.unique(np.asarray(message_values, dtype=object),
+                                              return_inverse=True)
+    indices = message_to_distinct.astype(np.int32)[message_of_row]
+    return pa.DictionaryArray.from_arrays(pa.array(indices), pa.array(distinct.tolist()))
+
+
+class RawColumnsBuilder:
+    """Collects the frames of many batches; ``tables()`` gives one Arrow table per kind."""
+
+    def __init__(self) -> None:
+        self._identities: list[tuple[str, str, str, str]] = []
+        self._batch_gpus: list[str] = []
+        self._kinds: dict[str, _KindBuffer] = {}
+        self.samples = 0
+
+    def add(self, batch: MetricBatch, frames: dict[str, Frame]) -> None:
+        index = len(self._identities)
+        identity = batch.identity
+        self._identities.append(
+            (batch.event_id, identity.job_id, identity.node_id, identity.worker_id)
+        )
+        self._batch_gpus.append(batch.gpu_uuid or "")
+        for kind, frame in frames.items():
+            n = frame["event_time_ms"].size
+            self.samples += n
+            buffer = self._kinds.setdefault(kind, _KindBuffer())
+            for name, column in frame.items():
+                buffer.columns.setdefault(name, []).append(column)
+            buffer.identity_index.append(np.full(n, index, dtype=np.int32))
+            buffer.seq.append(np.arange(n, dtype=np.uint32))
+
+    def tables(self) -> dict[str, pa.Table]:
+        out = {}
+        for kind, buffer in self._kinds.items():
+            arrays: dict[str, pa.Array] = {}
+            times = np.concatenate(buffer.columns["event_time_ms"])
+            arrays["event_time"] = pa.array(times, type=pa.timestamp("ms", tz="UTC"))
+            per_message = np.concatenate(buffer.identity_index)
+            for position, name in enumerate(IDENTITY_COLUMNS):
+                arrays[name] = _dictionary([ident[position] for ident in self._identities],
+                                           per_message)
+            arrays["seq"] = pa.array(np.concatenate(buffer.seq))
+            if kind != "gpu":
+                arrays["gpu_uuid"] = _dictionary(self._batch_gpus, per_message)
+            for name, dtype in FIELD_DTYPES[kind].items():
+                if name == "event_time_ms":
+                    continue
+                column = np.concatenate(buffer.columns[name])
+                if dtype is object:
+                    arrays[name] = pa.array(column.tolist(), type=pa.string())
+                elif dtype is np.float64:
+                    arrays[name] = pa.array(column, from_pandas=True)  # NaN → NULL
+                else:
+                    arrays[name] = pa.array(column)
+            out[raw_table_name(kind)] = pa.table(arrays)
+        return out

@@ -1,0 +1,160 @@
+"""Training-health statistics: pure functions over windows of samples, no state of their own."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MeanVariance:
+    count: int
+    mean: float
+    variance: float  # sample variance (n - 1); 0.0 below two values
+
+
+def mean_variance(values: Sequence[float]) -> MeanVariance:
+    """Welford's one-pass algorithm: stable where the naive sum of squares is not."""
+    count, mean, m2 = 0, 0.0, 0.0
+    for value in values:
+        count += 1
+        delta = value - mean
+        mean += delta / count
+        m2 += delta * (value - mean)
+    variance = m2 / (count - 1) if count > 1 else 0.0
+    return MeanVariance(count, mean, variance)
+
+
+def variance_jump_ratio(previous: float, current: float, floor: float = 1e-9) -> float:
+    """How much the variance grew from one window to the next; the floor keeps it finite."""
+    return current / max(previous, floor)
+
+
+def reward_window_features(rewards: Sequence[float], window_episodes: int) -> dict[str, float]:
+    """Features of the last ``window_episodes`` rewards, and the jump against the window before.
+
+    ``rewards`` is oldest first and holds up to two windows.
+    """
+    if window_episodes < 2:
+        raise ValueError("window_episodes must be at least 2")
+    current = mean_variance(rewards[-window_episodes:])
+    features = {
+        "reward_mean": current.mean,
+        "reward_variance": current.variance,
+        "reward_episodes": float(current.count),
+    }
+    previous_values = rewards[-2 * window_episodes : -window_episodes]
+    if len(previous_values) == window_episodes and current.count == window_episodes:
+        previous = mean_variance(previous_values)
+        ratio = variance_jump_ratio(previous.variance, current.variance)
+        if math.isfinite(ratio):
+            features["reward_variance_jump_ratio"] = min(ratio, 1e12)
+    return features
+
+
+def append_bounded(values: list[float], new: Sequence[float], capacity: int) -> list[float]:
+    """``values`` followed by ``new``, keeping the newest ``capacity`` entries."""
+    combined = [*values, *new]
+    return combined[-capacity:] if len(combined) > capacity else combined
+
+
+def coefficient_of_variation(values: np.ndarray) -> float:
+    """Standard deviation over mean (0 for an empty or zero-mean window)."""
+    if values.size < 2:
+        return 0.0
+    mean = float(values.mean())
+    return float(values.std(ddof=1) / mean) if mean else 0.0
+
+
+def log_slope(steps: np.ndarray, norms: np.ndarray) -> float | None:
+    """Least-squares slope of log(norm) against step: the gradient norm's decay rate per step.
+
+    Non-finite and non-positive norms are left out; None below three usable points.
+    """
+    usable = np.isfinite(norms) & (norms > 0)
+    x, y = steps[usable].astype(np.float64), np.log(norms[usable])
+    if x.size < 3 or np.ptp(x) == 0:
+        return None
+    x_centered = x - x.mean()
+    return float((x_centered * (y - y.mean())).sum() / (x_centered * x_centered).sum())
+
+
+def z_score(value: float, window: np.ndarray) -> float:
+    """How many standard deviations ``value`` lies from the window's mean (0 if flat)."""
+    if window.size < 2:
+        return 0.0
+    std = float(window.std(ddof=1))
+    return (value - float(window.mean())) / std if std > 0 else 0.0
+
+
+def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
+    """Exact percentiles of a bounded window (the window is the sketch)."""
+    if values.size == 0:
+        return tuple(0.0 for _ in qs)
+    return tuple(float(v) for v in np.percentile(values, qs))
+
+
+def growth_by_regime(
+    times_ms: np.ndarray, used_bytes: np.ndarray, regimes: np.ndarray
+) -> dict[str, tuple[float, float]]:
+    """Memory growth split by episode-length regime: for each regime, the summed byte change
+    and summed seconds over consecutive sample pairs that both fall in that regime.
+
+    Returns ``{regime: (delta_bytes, delta_s)}``; the rate is their quotient. Pairs that
+    straddle a regime change are left out, so a leak on long episodes is not smeared over
+    short ones.
+    """
+    out: dict[str, tuple[float, float]] = {}
+    if times_ms.size < 2:
+        return out
+    order = np.argsort(times_ms, kind="stable")
+    t, b, r = times_ms[order], used_bytes[order].astype(np.float64), regimes[order]
+    same = r[1:] == r[:-1]
+    dt_s = (t[1:] - t[:-1]) / 1000.0
+    db = b[1:] - b[:-1]
+    for regime in np.unique(r[1:][same]):
+        mask = same & (r[1:] == regime)
+        out[str(regime)] = (float(db[mask].sum()), float(dt_s[mask].sum()))
+    return out
+
+
+def regime_of(episode_length: float, bounds_steps: tuple[float, float]) -> str:
+    short_below, long_from = bounds_steps
+    if episode_length < short_below:
+        return "short"
+    return "long" if episode_length >= long_from else "medium"
+
+
+THERMAL_THROTTLE_MASK = 0x20 | 0x40  # NVML: software and hardware thermal slowdown
+
+
+def throttle_onsets(reasons: np.ndarray, previously_throttled: bool) -> tuple[int, bool]:
+    """Count transitions into thermal throttling; returns (onsets, throttled now)."""
+    if reasons.size == 0:
+        return 0, previously_throttled
+    throttled = (reasons.astype(np.int64) & THERMAL_THROTTLE_MASK) != 0
+    before = np.concatenate(([previously_throttled], throttled[:-1]))
+    return int((throttled & ~before).sum()), bool(throttled[-1])
+
+
+def throughput_jitter(bytes_: np.ndarray, latency_ms: np.ndarray) -> float:
+    """Coefficient of variation of per-sync throughput (bytes/s): the link's jitter."""
+    usable = latency_ms > 0
+    if usable.sum() < 2:
+        return 0.0
+    return coefficient_of_variation(bytes_[usable] / (latency_ms[usable] / 1000.0))
+
+
+def linear_slope(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Least-squares slope of y against x; None below two distinct x values."""
+    if x.size < 2:
+        return None
+    xf = x.astype(np.float64)
+    x_centered = xf - xf.mean()
+    denominator = float((x_centered * x_centered).sum())
+    if denominator == 0:
+        return None
+    return float((x_centered * (y.astype(np.float64) - y.mean())).sum() / denominator)
