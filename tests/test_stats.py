@@ -3,13 +3,23 @@ from __future__ import annotations
 import random
 import statistics
 
+import numpy as np
 import pytest
 
 from dsec.stream_jobs.stats import (
     append_bounded,
+    coefficient_of_variation,
+    growth_by_regime,
+    linear_slope,
+    log_slope,
     mean_variance,
+    percentiles,
+    regime_of,
     reward_window_features,
+    throttle_onsets,
+    throughput_jitter,
     variance_jump_ratio,
+    z_score,
 )
 
 
@@ -55,3 +65,57 @@ def test_no_jump_before_two_windows() -> None:
 def test_append_bounded_keeps_the_newest() -> None:
     assert append_bounded([1.0, 2.0], [3.0, 4.0], 3) == [2.0, 3.0, 4.0]
     assert append_bounded([], [1.0], 3) == [1.0]
+
+
+def test_log_slope_recovers_an_exponential_decay() -> None:
+    steps = np.arange(0, 200, dtype=np.float64)
+    norms = 5.0 * np.exp(-0.01 * steps)
+    assert log_slope(steps, norms) == pytest.approx(-0.01)
+    norms[10] = np.nan
+    norms[20] = 0.0  # unusable points are left out
+    assert log_slope(steps, norms) == pytest.approx(-0.01)
+    assert log_slope(steps[:2], norms[:2]) is None
+
+
+def test_z_score_and_cv() -> None:
+    window = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert z_score(3.0 + statistics.stdev(window), window) == pytest.approx(1.0)
+    assert z_score(1.0, np.array([2.0, 2.0])) == 0.0
+    assert coefficient_of_variation(np.array([10.0, 10.0])) == 0.0
+    assert coefficient_of_variation(np.array([5.0, 15.0])) == pytest.approx(
+        statistics.stdev([5.0, 15.0]) / 10.0)
+
+
+def test_percentiles() -> None:
+    values = np.arange(1, 101, dtype=np.float64)
+    p50, p99 = percentiles(values, (50, 99))
+    assert p50 == pytest.approx(50.5) and p99 == pytest.approx(99.01)
+    assert percentiles(np.array([]), (50,)) == (0.0,)
+
+
+def test_growth_is_split_by_regime_and_skips_regime_changes() -> None:
+    times_ms = np.arange(0, 10_000, 1000, dtype=np.int64)
+    regimes = np.array(["long"] * 5 + ["short"] * 5)
+    used = np.where(regimes == "long", 1_000 * np.arange(10), 4_000).astype(np.float64)
+    growth = growth_by_regime(times_ms, used, regimes)
+    assert growth["long"] == (4_000.0, 4.0)  # 1000 bytes/s on long episodes
+    assert growth["short"] == (0.0, 4.0)  # stable on short ones; the switch pair is left out
+
+
+def test_regime_of() -> None:
+    assert regime_of(50, (100, 300)) == "short"
+    assert regime_of(100, (100, 300)) == "medium"
+    assert regime_of(300, (100, 300)) == "long"
+
+
+def test_throttle_onsets_count_transitions() -> None:
+    reasons = np.array([0, 0x40, 0x40, 0, 0x20, 0x4])  # 0x4 is not thermal
+    assert throttle_onsets(reasons, previously_throttled=False) == (2, False)
+    assert throttle_onsets(np.array([0x40]), previously_throttled=True) == (0, True)
+
+
+def test_throughput_jitter_and_linear_slope() -> None:
+    assert throughput_jitter(np.array([100.0, 100.0]), np.array([10.0, 10.0])) == 0.0
+    assert throughput_jitter(np.array([100.0, 100.0]), np.array([10.0, 30.0])) > 0.5
+    assert linear_slope(np.array([0.0, 1.0, 2.0]), np.array([5.0, 7.0, 9.0])) == 2.0
+    assert linear_slope(np.array([1.0]), np.array([1.0])) is None

@@ -1,0 +1,79 @@
+"""Per-worker features on synthetic traces with known answers (pure, no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsec.stream_jobs import worker_features
+from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.traces import (
+    TraceIdentity,
+    grad_norm_decay,
+    leak_on_long_episodes,
+    reward_variance_jump,
+)
+from dsec.stream_jobs.worker_features import FeatureConfig
+
+CONFIG = FeatureConfig()
+
+
+def _run(batches):
+    state: dict = {}
+    outputs = []
+    for offset, batch in enumerate(batches):
+        update = worker_features.update(
+            state, batch_frames(batch), 0, offset, batch.event_time_ms, CONFIG)
+        state = update.state
+        outputs.append(update)
+    return state, outputs
+
+
+def test_leak_on_long_episodes_only() -> None:
+    leak = 2_000_000.0
+    _state, outputs = _run(leak_on_long_episodes(TraceIdentity(), leak_bytes_per_s=leak))
+    regimes = outputs[-1].gpus[0].regimes
+    long_bytes, long_s = regimes["long"]
+    short_bytes, short_s = regimes["short"]
+    assert long_bytes / long_s == pytest.approx(leak, rel=0.02)
+    assert short_bytes / short_s == pytest.approx(0.0, abs=1.0)
+    assert long_s > 55 and short_s > 55  # two phases of 30 s each, less the switch pairs
+
+
+def test_reward_variance_jump_is_seen_right_after_the_jump() -> None:
+    window = CONFIG.reward_window_episodes
+    _state, outputs = _run(reward_variance_jump(TraceIdentity(), jump_at_episode=200,
+                                                episodes=400))
+    episodes_seen, first_jump = 0, None
+    for update in outputs:
+        episodes_seen += 10
+        if update.features.get("reward_variance_jump_ratio", 0) > 4 and first_jump is None:
+            first_jump = episodes_seen
+    assert first_jump is not None
+    assert 200 < first_jump <= 200 + window
+
+
+def test_grad_norm_log_slope() -> None:
+    _state, outputs = _run(grad_norm_decay(TraceIdentity(), log_slope_per_step=-0.002,
+                                           steps=1000))
+    assert outputs[-1].features["grad_norm_log_slope"] == pytest.approx(-0.002, rel=1e-6)
+
+
+def test_replayed_event_is_not_counted_twice() -> None:
+    batch = reward_variance_jump(TraceIdentity(), jump_at_episode=5, episodes=10)[0]
+    first = worker_features.update({}, batch_frames(batch), 3, 41, 0, CONFIG)
+    again = worker_features.update(first.state, batch_frames(batch), 3, 41, 0, CONFIG)
+    assert again.skipped and again.state == first.state
+    assert len(first.state["rewards"]) == 10
+
+
+def test_liveness_lost_once_then_back_on_heartbeat() -> None:
+    batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
+    state = worker_features.update({}, batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    state, lost = worker_features.liveness(state, 12_000, CONFIG)
+    assert lost is None
+    state, lost = worker_features.liveness(state, 13_500, CONFIG)
+    assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 3.5}
+    state, lost = worker_features.liveness(state, 20_000, CONFIG)
+    assert lost is None  # reported once
+    back = worker_features.update(state, batch_frames(batch), 0, 1, 21_000, CONFIG)
+    assert back.features["worker_lost"] == 0.0 and back.state["lost"] is False
