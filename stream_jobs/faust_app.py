@@ -67,4 +67,7 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
         table_cleanup_interval=30.0,
+        # Probe messages carry ~1000 samples (~60 kB): fetch many per partition per round.
+        consumer_max_fetch_size=16 * 1024 * 1024,
+        stream_buffer_maxsize=8192,
     )

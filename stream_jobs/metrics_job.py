@@ -23,16 +23,14 @@ from dsec.schemas import (
     DecodeError,
     FeatureEvent,
     GpuProfileEvent,
-    MetricBatch,
     WorkerIdentity,
-    decode,
     encode,
     now_ms,
 )
 from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.fast_decode import decode_metric_batch
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -105,16 +103,16 @@ def register_metrics_job(
             counters.messages_in += 1
             message = event.message
             try:
-                batch = decode(event.value, MetricBatch)
+                decoded = decode_metric_batch(event.value)
             except DecodeError as exc:
                 counters.dead_letters += 1
                 letter = dead_letter_for(event, exc.reason)
                 sends.append(await dead_letters.send(key=message.topic.encode(),
                                                      value=encode(letter)))
                 continue
+            batch, frames = decoded.header, decoded.frames
             worker = batch.identity.worker_id
-            frames = batch_frames(batch)
-            counters.samples_in += batch.sample_count()
+            counters.samples_in += decoded.sample_count()
             state = states[worker] if worker in states else worker_state[worker]
             result = worker_features.update(
                 state, frames, message.partition, message.offset, wall_ms, config

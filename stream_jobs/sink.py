@@ -35,13 +35,12 @@ from dsec.schemas import (
     DecodeError,
     FeatureEvent,
     GpuProfileEvent,
-    MetricBatch,
     PolicyDecision,
     decode,
 )
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import rows
-from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.fast_decode import decode_metric_batch
 from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 log = logging.getLogger(__name__)
@@ -241,17 +240,18 @@ class ClickHouseSink:
 
     def _add_raw(self, raw: RawColumnsBuilder, value: bytes, digests: dict[str, Any]) -> None:
         try:
-            batch = decode(value, MetricBatch)
+            decoded = decode_metric_batch(value)
         except DecodeError:
             # The metrics job dead-letters these, with the reason; here they are only counted.
             self.counters.undecodable += 1
             return
-        if batch.event_id in self._recent_batches:
+        batch_id = decoded.header.event_id
+        if batch_id in self._recent_batches:
             self.counters.duplicates_skipped += 1
             return
-        self._recent_batches.add(batch.event_id)
-        raw.add(batch, batch_frames(batch))
-        self.counters.samples += batch.sample_count()
+        self._recent_batches.add(batch_id)
+        raw.add(decoded.header, decoded.frames)
+        self.counters.samples += decoded.sample_count()
         digests.setdefault("raw", hashlib.blake2b(digest_size=16)).update(value)
 
     def _count(self, table: str, added: int) -> None:

@@ -49,6 +49,8 @@ class Update:
 
 
 def _tail(values: list, new: np.ndarray | list, capacity: int) -> list:
+    """The newest ``capacity`` of ``values`` followed by ``new`` (as plain JSON-able numbers)."""
+    new = new[-capacity:]
     combined = [*values, *(new.tolist() if isinstance(new, np.ndarray) else new)]
     return combined[-capacity:]
 

@@ -2,6 +2,39 @@
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
+
+
+def _print(result: dict, as_json: bool, title: str) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=title)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for name, value in result.items():
+        table.add_row(name, f"{value:,}" if isinstance(value, int | float) else str(value))
+    Console().print(table)
+
+
+@bench_app.command("pipeline")
+def pipeline(
+    samples: Annotated[int, typer.Option(min=10_000)] = 2_000_000,
+    samples_per_message: Annotated[int, typer.Option(min=1)] = 1000,
+    partitions: Annotated[int, typer.Option(min=1)] = 6,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Stream jobs (features + ClickHouse sink) against a bare consumer, same topic."""
+    from dsec.bench.pipeline import PipelineBenchOptions, run_pipeline_bench
+
+    options = PipelineBenchOptions(samples=samples, samples_per_message=samples_per_message,
+                                   partitions=partitions)
+    _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")

@@ -1,0 +1,187 @@
+"""``dsec bench pipeline``: the stream jobs' throughput against a bare consumer's, one topic.
+
+1. A topic is filled with probe-shaped batches (columnar, ``samples_per_message`` each).
+2. A bare confluent-kafka consumer reads and decodes every message (orjson): the
+   practical limit of a Python consumer.
+3. The stream stack (``dsec up`` on the same broker: the Faust metrics job, the policy
+   engine and the ClickHouse sink, in one process) works through the same messages;
+   its rate is taken between its first and last commit on the topic, so start-up
+   is not counted, and it includes features, GPU profiles and the ClickHouse writes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dsec.infra.kafka_local import LocalKafka
+from dsec.infra.stack import sink_group
+from dsec.infra.topics import ensure_topics
+from dsec.kafka_clients import producer_config
+from dsec.schemas import encode, topic_names
+from dsec.settings import DsecSettings
+from dsec.stream_jobs.traces import TraceIdentity, training_batch
+
+
+@dataclass(frozen=True)
+class PipelineBenchOptions:
+    samples: int = 2_000_000
+    samples_per_message: int = 1000
+    workers: int = 32
+    partitions: int = 6
+    timeout_s: float = 600.0
+
+
+def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> int:
+    producer = Producer(producer_config(settings, "dsec-bench-pipeline",
+                                        **{"queue.buffering.max.messages": 100_000}))
+    messages = options.samples // options.samples_per_message
+    identities = [TraceIdentity(job_id="bench", worker_id=f"worker-{w:03d}",
+                                node_id=f"node-{w // 8:02d}") for w in range(options.workers)]
+    payloads = {}
+    for index in range(messages):
+        ident = identities[index % options.workers]
+        # Distinct batches per worker, reused across rounds with fresh ids: encoding two
+        # million samples would otherwise take longer than the measurement.
+        template = payloads.get(ident.worker_id)
+        if template is None:
+            template = payloads[ident.worker_id] = training_batch(
+                ident, index, options.samples_per_message)
+        batch = template.model_copy(update={"event_id": f"bench-{uuid.uuid4().hex}"})
+        producer.produce(topic, key=ident.worker_id.encode(), value=encode(batch))
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("could not fill the benchmark topic")
+    return messages
+
+
+def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float, float]:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap,
+                         "group.id": f"bench-raw-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, **settings.kafka_security()})
+    metadata = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
+    read = samples = 0
+    started = None
+    while read < messages:
+        batch = consumer.consume(1000, 1.0)
+        if started is None and batch:
+            started = time.perf_counter()
+        for message in batch:
+            if message.error():
+                continue
+            decoded = orjson.loads(message.value())
+            samples += sum(len(columns["event_time_ms"])
+                           for columns in decoded["columns"].values())
+            read += 1
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return samples / elapsed, read / elapsed
+
+
+def _group_progress(probe: Consumer, partitions: list[TopicPartition]) -> int:
+    return sum(max(tp.offset, 0) for tp in probe.committed(partitions, timeout=10))
+
+
+def _pipeline_rate(
+    settings: DsecSettings, topic: str, messages: int, options: PipelineBenchOptions,
+    data_dir: Path,
+) -> dict[str, float]:
+    env = {**os.environ, "DSEC_DATA_DIR": str(data_dir),
+           "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_SIGNING_KEY": "bench"}
+    log = (data_dir / "stack.log").open("wb")
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    groups = {"stream_job": f"{settings.topic_prefix}-stream",
+              "sink": sink_group(settings)}
+    probes = {name: Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
+                              "enable.auto.commit": False, **settings.kafka_security()})
+              for name, group in groups.items()}
+    try:
+        metadata = probes["sink"].list_topics(topic, timeout=10)
+        partitions = [TopicPartition(topic, p) for p in metadata.topics[topic].partitions]
+        first: dict[str, tuple[float, int]] = {}
+        done: dict[str, float] = {}
+        deadline = time.monotonic() + options.timeout_s
+        while len(done) < len(groups):
+            if stack.poll() is not None:
+                raise RuntimeError(f"the stack exited; see {data_dir / 'stack.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the stack did not finish in time")
+            now = time.perf_counter()
+            for name, probe in probes.items():
+                if name in done:
+                    continue
+                progress = _group_progress(probe, partitions)
+                if progress and name not in first:
+                    first[name] = (now, progress)
+                if progress >= messages:
+                    done[name] = now
+            time.sleep(0.05)
+        rates = {}
+        per_message = options.samples_per_message
+        for name in groups:
+            started, offset = first[name]
+            elapsed = max(done[name] - started, 1e-9)
+            rates[f"{name}_samples_per_s"] = (messages - offset) * per_message / elapsed
+        started = min(t for t, _ in first.values())
+        offset = min(o for _, o in first.values())
+        elapsed = max(done.values()) - started
+        rates["pipeline_samples_per_s"] = (messages - offset) * per_message / elapsed
+        rates["pipeline_messages_per_s"] = (messages - offset) / elapsed
+        return rates
+    finally:
+        for probe in probes.values():
+            probe.close()
+        stack.send_signal(signal.SIGINT)
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stack.kill()
+
+
+def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = None) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="dsec-bench-pipeline-"))
+    kafka = None if bootstrap else LocalKafka(data_dir=work / "kafka")
+    try:
+        if kafka is not None:
+            bootstrap = kafka.start()
+        settings = DsecSettings(bootstrap=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
+                                data_dir=work / "data")
+        settings.data_dir.mkdir(parents=True)
+        ensure_topics(settings, partitions=options.partitions)
+        topic = topic_names(settings.topic_prefix).metrics
+        messages = _fill(settings, topic, options)
+        raw_samples_per_s, raw_messages_per_s = _raw_rate(settings, topic, messages)
+        pipeline = _pipeline_rate(settings, topic, messages, options, settings.data_dir)
+        return {
+            "raw_samples_per_s": round(raw_samples_per_s),
+            "raw_messages_per_s": round(raw_messages_per_s),
+            "pipeline_samples_per_s": round(pipeline["pipeline_samples_per_s"]),
+            "pipeline_messages_per_s": round(pipeline["pipeline_messages_per_s"]),
+            "ratio": round(pipeline["pipeline_samples_per_s"] / raw_samples_per_s, 3),
+            "stream_job_samples_per_s": round(pipeline["stream_job_samples_per_s"]),
+            "sink_samples_per_s": round(pipeline["sink_samples_per_s"]),
+            "samples": messages * options.samples_per_message,
+            "messages": messages,
+            "samples_per_message": options.samples_per_message,
+            "partitions": options.partitions,
+            "cpu_count": os.cpu_count(),
+        }
+    finally:
+        if kafka is not None:
+            kafka.stop()
+        shutil.rmtree(work, ignore_errors=True)

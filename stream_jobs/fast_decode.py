@@ -1,0 +1,224 @@
+"""Column-wise validation of metric batches, at the speed the stream jobs need.
+
+``MetricBatch`` (pydantic) is the reference contract. Validating its columnar form
+element by element costs more than everything else the stream jobs do, so columns are
+checked here a column at a time with numpy instead: types, bounds, lengths, unknown
+fields and kinds, with the same rules as the models, and the same kind of reason
+("columns.step.grad_norm: ...") for the dead letter. Batches sent as rows go through
+pydantic as they are.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import annotated_types
+import numpy as np
+import orjson
+
+from dsec.schemas import DecodeError, MetricBatch, decode
+from dsec.schemas.metrics import MAX_SAMPLES_PER_BATCH, SAMPLE_MODELS
+from dsec.stream_jobs.frames import FIELD_DTYPES, Frame, batch_frames
+
+
+@dataclass(frozen=True)
+class _FieldRule:
+    dtype: Any
+    required: bool
+    nullable: bool
+    default: Any
+    lower: tuple[float, bool] | None  # (bound, inclusive)
+    upper: tuple[float, bool] | None
+    choices: frozenset[str] | None
+    max_length: int | None
+    pattern: re.Pattern[str] | None = None
+
+
+def _rule(info: Any, dtype: Any) -> _FieldRule:
+    lower = upper = None
+    max_length = None
+    pattern = None
+    annotation = info.annotation
+    metadata = list(info.metadata)
+    args = typing.get_args(annotation)
+    nullable = type(None) in args
+    for arg in args:
+        metadata.extend(getattr(arg, "__metadata__", ()))
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge):
+            lower = (float(item.ge), True)
+        elif isinstance(item, annotated_types.Gt):
+            lower = (float(item.gt), False)
+        elif isinstance(item, annotated_types.Le):
+            upper = (float(item.le), True)
+        elif isinstance(item, annotated_types.Lt):
+            upper = (float(item.lt), False)
+        elif isinstance(item, annotated_types.MaxLen):
+            max_length = item.max_length
+        if getattr(item, "pattern", None):
+            pattern = re.compile(item.pattern)
+        for sub in getattr(item, "metadata", ()):  # FieldInfo inside Annotated
+            if getattr(sub, "pattern", None):
+                pattern = re.compile(sub.pattern)
+            if isinstance(sub, annotated_types.Ge):
+                lower = (float(sub.ge), True)
+            elif isinstance(sub, annotated_types.Gt):
+                lower = (float(sub.gt), False)
+            elif isinstance(sub, annotated_types.Le):
+                upper = (float(sub.le), True)
+            elif isinstance(sub, annotated_types.Lt):
+                upper = (float(sub.lt), False)
+            elif isinstance(sub, annotated_types.MaxLen):
+                max_length = sub.max_length
+    choices = None
+    literal_args = [a for a in (annotation, *args) if typing.get_origin(a) is typing.Literal]
+    if literal_args:
+        choices = frozenset(str(v) for v in typing.get_args(literal_args[0]))
+    return _FieldRule(dtype=dtype, required=info.is_required(), nullable=nullable,
+                      default=info.default, lower=lower, upper=upper, choices=choices,
+                      max_length=max_length, pattern=pattern)
+
+
+RULES: dict[str, dict[str, _FieldRule]] = {
+    kind: {name: _rule(SAMPLE_MODELS[kind].model_fields[name], dtype)
+           for name, dtype in fields.items()}
+    for kind, fields in FIELD_DTYPES.items()
+}
+
+
+def _fail(kind: str, name: str, message: str) -> DecodeError:
+    return DecodeError(f"invalid MetricBatch: columns.{kind}.{name}: {message}")
+
+
+def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray:
+    """JSON numbers (and booleans where pydantic also takes them) into a typed column."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, OverflowError):
+        raise _fail(kind, name, "expected a list of numbers") from None
+    if array.dtype == object:  # nulls, or mixed types: only optional floats may hold them
+        if rule.dtype is not np.float64 or any(isinstance(v, str) for v in values):
+            raise _fail(kind, name, f"expected a list of {_NOUN[rule.dtype]}")
+        try:
+            array = np.array(values, dtype=np.float64)  # None → NaN
+        except (ValueError, TypeError):
+            raise _fail(kind, name, "expected a list of numbers") from None
+        if not rule.nullable and np.isnan(array).any():
+            raise _fail(kind, name, "null where a number is required")
+    elif array.dtype.kind not in "biuf" or (array.size == 0 and rule.dtype is not np.float64):
+        if array.size:
+            raise _fail(kind, name, f"expected a list of {_NOUN[rule.dtype]}")
+        array = np.zeros(0, dtype=rule.dtype)
+    if rule.dtype is np.bool_:
+        if array.dtype.kind != "b" and not np.isin(array, (0, 1)).all():
+            raise _fail(kind, name, "expected a list of booleans")
+        return array.astype(np.bool_, copy=False)
+    if rule.dtype is np.int64:
+        if array.dtype.kind == "f" and not (np.isfinite(array) & (array == np.floor(array))).all():
+            raise _fail(kind, name, "expected integers, got a number with a fractional part")
+        if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+            raise _fail(kind, name, "integer out of range")
+        array = array.astype(np.int64, copy=False)
+    else:
+        array = array.astype(np.float64, copy=False)
+    checked = array[~np.isnan(array)] if array.dtype.kind == "f" else array
+    if checked.size:
+        if rule.lower is not None:
+            bound, inclusive = rule.lower
+            if (checked < bound).any() if inclusive else (checked <= bound).any():
+                raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
+        if rule.upper is not None:
+            bound, inclusive = rule.upper
+            if (checked > bound).any() if inclusive else (checked >= bound).any():
+                raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
+    return array
+
+
+_NOUN = {np.bool_: "booleans", np.int64: "integers", np.float64: "numbers"}
+
+
+def _strings(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray:
+    for value in values:
+        if value is None:
+            if not rule.nullable:
+                raise _fail(kind, name, "null where a string is required")
+            continue
+        if not isinstance(value, str):
+            raise _fail(kind, name, "expected a list of strings")
+        if rule.max_length is not None and len(value) > rule.max_length:
+            raise _fail(kind, name, f"strings must be at most {rule.max_length} characters")
+        if rule.pattern is not None and not rule.pattern.search(value):
+            raise _fail(kind, name, f"strings must match {rule.pattern.pattern}")
+        if rule.choices is not None and value not in rule.choices:
+            raise _fail(kind, name, f"expected one of {sorted(rule.choices)}")
+    return np.asarray(values, dtype=object)
+
+
+def _frame(kind: str, columns: Any) -> Frame:
+    rules = RULES.get(kind)
+    if rules is None:
+        raise DecodeError(f"invalid MetricBatch: columns.{kind}: unknown sample kind")
+    if not isinstance(columns, dict):
+        raise DecodeError(f"invalid MetricBatch: columns.{kind}: expected an object")
+    unknown = set(columns) - set(rules)
+    if unknown:
+        raise _fail(kind, sorted(unknown)[0], "extra inputs are not permitted")
+    times = columns.get("event_time_ms")
+    if not isinstance(times, list):
+        raise _fail(kind, "event_time_ms", "field required (a list)")
+    n = len(times)
+    if n > MAX_SAMPLES_PER_BATCH:
+        raise _fail(kind, "event_time_ms", f"at most {MAX_SAMPLES_PER_BATCH} samples")
+    frame: Frame = {}
+    for name, rule in rules.items():
+        values = columns.get(name)
+        if values is None:
+            if rule.required:
+                raise _fail(kind, name, "field required")
+            values = [rule.default] * n
+        elif not isinstance(values, list):
+            raise _fail(kind, name, "expected a list")
+        elif len(values) != n:
+            raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")
+        if rule.dtype is object:
+            frame[name] = _strings(kind, name, values, rule)
+        else:
+            frame[name] = _numbers(kind, name, values, rule)
+    return frame
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    header: MetricBatch  # identity and ids; its samples and columns are left empty
+    frames: dict[str, Frame]
+
+    def sample_count(self) -> int:
+        return sum(frame["event_time_ms"].size for frame in self.frames.values())
+
+
+def decode_metric_batch(data: bytes | None) -> DecodedBatch:
+    """Validates a metric batch and returns it as frames; raises ``DecodeError``."""
+    if data is None:
+        raise DecodeError("empty message (tombstone) where an event was expected")
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"invalid MetricBatch: not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise DecodeError("invalid MetricBatch: expected a JSON object")
+    columns = document.pop("columns", None)
+    if document.get("samples"):
+        batch = decode(data, MetricBatch)
+        return DecodedBatch(batch.model_copy(update={"samples": [], "columns": None}),
+                            batch_frames(batch))
+    header = decode(orjson.dumps(document), MetricBatch)
+    if columns is None:
+        return DecodedBatch(header, {})
+    if not isinstance(columns, dict):
+        raise DecodeError("invalid MetricBatch: columns: expected an object")
+    frames = {kind: _frame(kind, cols) for kind, cols in columns.items() if cols is not None}
+    return DecodedBatch(header, {kind: f for kind, f in frames.items()
+                                 if f["event_time_ms"].size})

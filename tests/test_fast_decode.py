@@ -1,0 +1,90 @@
+"""The column-wise validator agrees with the pydantic models on what it accepts and refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from dsec.schemas import DecodeError, MetricBatch, decode, encode
+from dsec.stream_jobs.fast_decode import decode_metric_batch
+from dsec.stream_jobs.frames import batch_frames
+from dsec.stream_jobs.traces import (
+    TraceIdentity,
+    grad_norm_decay,
+    leak_on_long_episodes,
+    reward_variance_jump,
+    training_batch,
+)
+
+IDENTITY = {"job_id": "j", "worker_id": "w", "node_id": "n"}
+
+
+def _message(columns: dict) -> bytes:
+    return orjson.dumps({"identity": IDENTITY, "columns": columns})
+
+
+VALID = [
+    training_batch(TraceIdentity(), 3, 50),
+    leak_on_long_episodes(TraceIdentity(), 1e6, phase_s=2, phases=2)[1],
+    reward_variance_jump(TraceIdentity(), 5, 10)[0],
+    grad_norm_decay(TraceIdentity(), -0.1, 20)[0],
+]
+
+
+@pytest.mark.parametrize("batch", VALID)
+def test_valid_batches_decode_to_the_same_frames(batch: MetricBatch) -> None:
+    data = encode(batch)
+    fast = decode_metric_batch(data)
+    reference = batch_frames(decode(data, MetricBatch))
+    assert fast.header.identity == batch.identity and fast.header.event_id == batch.event_id
+    assert fast.frames.keys() == reference.keys()
+    for kind, frame in reference.items():
+        for name, column in frame.items():
+            got = fast.frames[kind][name]
+            if column.dtype == object:
+                assert got.tolist() == column.tolist(), (kind, name)
+            else:
+                np.testing.assert_array_equal(got, column, err_msg=f"{kind}.{name}")
+
+
+def test_row_batches_take_the_reference_path() -> None:
+    data = orjson.dumps({"identity": IDENTITY, "samples": [
+        {"kind": "episode", "event_time_ms": 1, "episode_index": 0, "reward": 3.0, "length": 7}]})
+    decoded = decode_metric_batch(data)
+    assert decoded.frames["episode"]["reward"].tolist() == [3.0]
+
+
+INVALID = [
+    (b"nope", "not JSON"),
+    (b"[1, 2]", "expected a JSON object"),
+    (_message({"step": {"event_time_ms": [1], "step": [1, 2]}}), "equal lengths"),
+    (_message({"step": {"event_time_ms": [1], "step": [-1]}}), "columns.step.step"),
+    (_message({"step": {"event_time_ms": [1], "step": [1.5]}}), "fractional"),
+    (_message({"step": {"event_time_ms": [1], "step": ["a"]}}), "columns.step.step"),
+    (_message({"step": {"event_time_ms": [1], "step": [1], "grad_norm": [-2.0]}}), ">= 0"),
+    (_message({"step": {"event_time_ms": [1], "step": [1], "bogus": [1]}}), "extra inputs"),
+    (_message({"step": {"step": [1]}}), "event_time_ms"),
+    (_message({"warp": {"event_time_ms": [1]}}), "unknown sample kind"),
+    (_message({"episode": {"event_time_ms": [1], "episode_index": [0], "reward": [None],
+                           "length": [1]}}), "null where a number is required"),
+    (_message({"gpu": {"event_time_ms": [1], "gpu_uuid": ["bad uuid!"],
+                       "memory_used_bytes": [1], "memory_total_bytes": [2]}}), "must match"),
+    (_message({"gpu": {"event_time_ms": [1], "gpu_uuid": ["GPU-1"], "memory_used_bytes": [1],
+                       "memory_total_bytes": [2], "utilisation_pct": [101.0]}}), "<= 100"),
+    (_message({"recovery": {"event_time_ms": [1], "recovery_time_s": [1.0],
+                            "source": ["magic"]}}), "expected one of"),
+    (_message({"step": {"event_time_ms": [1], "step": [1], "loss_nonfinite": [2]}}),
+     "booleans"),
+    (orjson.dumps({"identity": {"job_id": "j"}, "columns": {}}), "identity"),
+    (orjson.dumps({"identity": IDENTITY, "schema_version": 9}), "schema_version"),
+]
+
+
+@pytest.mark.parametrize(("data", "fragment"), INVALID)
+def test_invalid_batches_are_refused_by_both(data: bytes, fragment: str) -> None:
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(data)
+    assert fragment in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(data, MetricBatch)
