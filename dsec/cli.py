@@ -43,6 +43,9 @@ def up(
     ] = None,
     kafka_port: Annotated[int, typer.Option(help="Port of the local broker (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the store and state live.")] = None,
+    services: Annotated[
+        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink.")
+    ] = "stream-jobs,policy-engine,sink",
 ) -> None:
     """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink) until Ctrl-C."""
     from dsec.infra.stack import StackOptions, run_stack
@@ -51,7 +54,13 @@ def up(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     settings = _settings(bootstrap=bootstrap, data_dir=data_dir)
-    run_stack(settings, StackOptions(start_kafka=bootstrap is None, kafka_port=kafka_port))
+    chosen = frozenset(name.strip() for name in services.split(",") if name.strip())
+    try:
+        run_stack(settings, StackOptions(start_kafka=bootstrap is None, kafka_port=kafka_port,
+                                         services=chosen))
+    except ValueError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -114,6 +123,101 @@ def sql(
     for row in result["rows"]:
         table.add_row(*(str(value) for value in row))
     console.print(table)
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                          help="JSON lines of MetricBatch.")],
+    speed: Annotated[float, typer.Option(min=0.0, help="1 = as recorded; 0 = at once.")] = 1.0,
+    bootstrap: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Publish a recorded or synthetic trace to the metrics topic, keeping its timing."""
+    from dsec.kafka_clients import make_producer
+    from dsec.schemas import topic_names
+    from dsec.stream_jobs.replay import read_lines
+    from dsec.stream_jobs.replay import replay as publish
+
+    settings = _settings(bootstrap=bootstrap)
+    producer = make_producer(settings, "dsec-replay")
+    counters = publish(read_lines(trace), producer, topic_names(settings.topic_prefix).metrics,
+                       speed)
+    left = producer.flush(60)
+    console.print(f"published {counters.published - left} batches"
+                  + (f", skipped {counters.unreadable_lines} unreadable lines"
+                     if counters.unreadable_lines else "")
+                  + (f", [red]{left} not delivered[/red]" if left else ""))
+    if left:
+        raise typer.Exit(1)
+
+
+@app.command("export")
+def export_history(
+    output: Annotated[Path, typer.Argument(dir_okay=False, help="JSON lines to write.")],
+    since: Annotated[str, typer.Option(help="ISO time, or a duration such as 2h or 30m.")],
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    data_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Write stored raw samples back out as JSON lines that `dsec replay` reads."""
+    from dsec.history import HistoryError, query
+    from dsec.stream_jobs.export import export_batches
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        since_ms = _since_ms(since)
+        written = 0
+        with output.open("wb") as handle:
+            for line in export_batches(lambda sql, params: query(settings, sql, params),
+                                       since_ms, job):
+                handle.write(line + b"\n")
+                written += 1
+    except (HistoryError, ValueError) as exc:
+        err_console.print(f"[red]export failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {written} batches to {output}")
+
+
+def _since_ms(since: str) -> int:
+    import re
+    import time
+    from datetime import datetime
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", since.strip())
+    if match:
+        seconds = float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+        return int((time.time() - seconds) * 1000)
+    moment = datetime.fromisoformat(since)
+    if moment.tzinfo is None:
+        raise ValueError(f"give a time zone with {since!r} (e.g. 2026-11-30T10:00:00+00:00)")
+    return int(moment.timestamp() * 1000)
+
+
+@app.command()
+def report(
+    html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page.")]
+    = None,
+    data_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Run the ready analysis queries and show them (and chart them with --html)."""
+    from dsec.history import HistoryError
+    from dsec.report import render_html, run_report
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        results = run_report(settings)
+    except HistoryError as exc:
+        err_console.print(f"[red]report failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    for result in results:
+        table = Table(title=result.query.title)
+        for column in result.columns:
+            table.add_column(column)
+        for row in result.rows[:20]:
+            table.add_row(*(str(v) for v in row))
+        console.print(table if result.rows else f"[dim]{result.query.title}: no rows[/dim]")
+    if html_out is not None:
+        html_out.write_text(render_html(results))
+        console.print(f"wrote {html_out}")
 
 
 @schemas_app.command("export")

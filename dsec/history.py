@@ -17,11 +17,14 @@ class HistoryError(RuntimeError):
     """The query failed, or no store could be reached; the message says what to do."""
 
 
-def query(settings: DsecSettings, sql: str, timeout_s: float = 60.0) -> dict:
-    """``{"columns": [...], "rows": [[...], ...]}`` for a read-only query."""
+def query(
+    settings: DsecSettings, sql: str, parameters: dict | None = None, timeout_s: float = 60.0
+) -> dict:
+    """``{"columns": [...], "rows": [[...], ...]}`` for a read-only query; ``parameters``
+    fill ClickHouse placeholders such as ``{job:String}``."""
     state = None if settings.clickhouse_dsn else read_stack_state(settings.data_dir)
     if state is not None:
-        return _query_stack(state, sql, timeout_s)
+        return _query_stack(state, sql, parameters or {}, timeout_s)
     try:
         client = connect(settings.clickhouse_target())
     except StoreLockedError as exc:
@@ -30,16 +33,17 @@ def query(settings: DsecSettings, sql: str, timeout_s: float = 60.0) -> dict:
             "run the query with the same --data-dir as the stack, or stop the stack first."
         ) from None
     try:
-        return run_readonly(client, threading.Lock(), sql)
+        return run_readonly(client, threading.Lock(), sql, parameters)
     except Exception as exc:
         raise HistoryError(str(exc)) from None
     finally:
         client.close()
 
 
-def _query_stack(state: dict, sql: str, timeout_s: float) -> dict:
+def _query_stack(state: dict, sql: str, parameters: dict, timeout_s: float) -> dict:
+    body = json.dumps({"sql": sql, "parameters": parameters}).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{state['query_port']}/query", data=sql.encode(), method="POST",
+        f"http://127.0.0.1:{state['query_port']}/query", data=body, method="POST",
         headers={"Authorization": f"Bearer {state['query_token']}"},
     )
     try:

@@ -36,9 +36,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def run_readonly(client: Client, lock: threading.Lock, sql: str) -> dict:
+def run_readonly(
+    client: Client, lock: threading.Lock, sql: str, parameters: dict | None = None
+) -> dict:
     with lock:
-        result = client.query(sql, settings={"readonly": 1})
+        result = client.query(sql, parameters=parameters or None, settings={"readonly": 1})
     return {
         "columns": list(result.column_names),
         "rows": [[_jsonable(v) for v in row] for row in result.result_rows],
@@ -74,9 +76,16 @@ class QueryServer:
                 if not 0 < length <= MAX_QUERY_BYTES:
                     self._reply(400, {"error": f"query must be 1..{MAX_QUERY_BYTES} bytes"})
                     return
-                sql = self.rfile.read(length).decode("utf-8", "replace")
                 try:
-                    self._reply(200, run_readonly(client, lock, sql))
+                    body = json.loads(self.rfile.read(length))
+                    sql, parameters = body["sql"], body.get("parameters") or {}
+                    if not isinstance(sql, str) or not isinstance(parameters, dict):
+                        raise ValueError
+                except (ValueError, KeyError, TypeError):
+                    self._reply(400, {"error": 'body must be {"sql": str, "parameters": {}}'})
+                    return
+                try:
+                    self._reply(200, run_readonly(client, lock, sql, parameters))
                 except Exception as exc:
                     self._reply(400, {"error": str(exc)[:4000]})
 

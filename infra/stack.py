@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,16 +64,37 @@ def _partition_count(settings: DsecSettings, topic: str) -> int:
     return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
 
 
+SERVICES = ("stream-jobs", "policy-engine", "sink")
+
+
+def stream_group(settings: DsecSettings, services: frozenset[str]) -> str:
+    """The Faust app id (consumer group) of the stream services a process runs: processes
+    running the same services share partitions; different sets never share a group."""
+    faust_services = sorted(services - {"sink"})
+    return f"{settings.topic_prefix}-{'+'.join(faust_services)}"
+
+
 @dataclass
 class StackOptions:
     start_kafka: bool = True
     kafka_port: int = 0
     partitions: int | None = None
     window_episodes: int = 20
+    services: frozenset[str] = frozenset(SERVICES)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
 
 
 def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     """Runs until SIGINT/SIGTERM; everything started here is stopped on the way out."""
+    unknown = options.services - set(SERVICES)
+    if unknown or not options.services:
+        raise ValueError(f"services must be among {', '.join(SERVICES)}; got {sorted(unknown)}")
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     kafka: LocalKafka | None = None
@@ -83,33 +105,40 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         if options.start_kafka:
             kafka = LocalKafka(data_dir=data_dir / "kafka", port=options.kafka_port)
             settings = settings.model_copy(update={"bootstrap": kafka.start()})
-            log.warning("Kafka %s on %s", "broker", settings.bootstrap)
+            log.warning("Kafka broker on %s", settings.bootstrap)
         topics = topic_names(settings.topic_prefix)
         ensure_topics(settings, partitions=options.partitions)
-        client = connect(settings.clickhouse_target())
-        ensure_schema(client, settings.clickhouse_ttl_days)
-        client_lock = threading.Lock()
-        sink = ClickHouseSink(client, client_lock, consumer_config(settings, sink_group(settings)),
-                              topics)
-        sink.start()
-        query_server = QueryServer(client, client_lock)
-        query_server.start()
-        state_path = _write_state(data_dir, {
-            "pid": os.getpid(),
-            "bootstrap": settings.bootstrap,
-            "topic_prefix": settings.topic_prefix,
-            "query_port": query_server.port,
-            "query_token": query_server.token,
-            "clickhouse": settings.clickhouse_target(),
-        })
+        state: dict = {"pid": os.getpid(), "bootstrap": settings.bootstrap,
+                       "topic_prefix": settings.topic_prefix,
+                       "services": sorted(options.services)}
+        if "sink" in options.services:
+            client = connect(settings.clickhouse_target())
+            ensure_schema(client, settings.clickhouse_ttl_days)
+            client_lock = threading.Lock()
+            sink = ClickHouseSink(
+                client, client_lock, consumer_config(settings, sink_group(settings)), topics
+            )
+            sink.start()
+            query_server = QueryServer(client, client_lock)
+            query_server.start()
+            state.update(query_port=query_server.port, query_token=query_server.token,
+                         clickhouse=settings.clickhouse_target())
+        state_path = _write_state(data_dir, state)
+        if options.services == {"sink"}:
+            _wait_for_signal()
+            return
         app = make_faust_app(
-            f"{settings.topic_prefix}-stream", settings,
+            stream_group(settings, options.services), settings,
             partitions=_partition_count(settings, topics.metrics),
         )
-        register_metrics_job(
-            app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
-        )
-        register_policy_engine(app, topics, load_builtin_policies(), settings.signing_key_bytes())
+        if "stream-jobs" in options.services:
+            register_metrics_job(
+                app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
+            )
+        if "policy-engine" in options.services:
+            register_policy_engine(
+                app, topics, load_builtin_policies(), settings.signing_key_bytes()
+            )
         worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()

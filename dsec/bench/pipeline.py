@@ -26,7 +26,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import sink_group
+from dsec.infra.stack import SERVICES, sink_group, stream_group
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import producer_config
 from dsec.schemas import encode, topic_names
@@ -105,7 +105,7 @@ def _pipeline_rate(
         [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
-    groups = {"stream_job": f"{settings.topic_prefix}-stream",
+    groups = {"stream_job": stream_group(settings, frozenset(SERVICES)),
               "sink": sink_group(settings)}
     probes = {name: Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
                               "enable.auto.commit": False, **settings.kafka_security()})

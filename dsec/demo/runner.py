@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dsec.infra.clickhouse import connect
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import read_stack_state, sink_group
+from dsec.infra.stack import SERVICES, read_stack_state, sink_group, stream_group
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import consumer_config
 from dsec.schemas import topic_names
@@ -141,8 +141,8 @@ def run_demo(settings: DsecSettings, options: DemoOptions) -> dict:
         topics = topic_names(settings.topic_prefix)
         all_topics = [topics.metrics, topics.features, topics.actuations,
                       topics.actuation_results, topics.decisions, topics.dead_letters]
-        stream_group = consumer_config(settings, f"{settings.topic_prefix}-stream")
-        drained = wait_until_drained(stream_group, [topics.metrics, topics.features],
+        stream_consumer = consumer_config(settings, stream_group(settings, frozenset(SERVICES)))
+        drained = wait_until_drained(stream_consumer, [topics.metrics, topics.features],
                                      options.drain_timeout_s)
         drained = drained and wait_until_drained(
             consumer_config(settings, sink_group(settings)), all_topics, options.drain_timeout_s)

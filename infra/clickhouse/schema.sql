@@ -128,3 +128,45 @@ CREATE TABLE IF NOT EXISTS sink_offsets
 )
 ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY (consumer_group, topic, partition);
+
+-- Hourly roll-ups, kept by materialized views as rows arrive.
+CREATE TABLE IF NOT EXISTS features_hourly
+(
+    hour        DateTime('UTC'),
+    job_id      LowCardinality(String),
+    worker_id   LowCardinality(String),
+    feature     LowCardinality(String),
+    value_avg   AggregateFunction(avg, Float64),
+    value_min   AggregateFunction(min, Float64),
+    value_max   AggregateFunction(max, Float64),
+    events      AggregateFunction(count)
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (job_id, feature, worker_id, hour)
+TTL hour + INTERVAL {ttl_days} DAY;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS features_hourly_mv TO features_hourly AS
+SELECT toStartOfHour(event_time) AS hour, job_id, worker_id, feature,
+       avgState(value) AS value_avg, minState(value) AS value_min,
+       maxState(value) AS value_max, countState() AS events
+FROM features
+GROUP BY hour, job_id, worker_id, feature;
+
+CREATE TABLE IF NOT EXISTS actuations_hourly
+(
+    hour        DateTime('UTC'),
+    job_id      LowCardinality(String),
+    policy_name LowCardinality(String),
+    action      LowCardinality(String),
+    actuations  UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (job_id, policy_name, action, hour)
+TTL hour + INTERVAL {ttl_days} DAY;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS actuations_hourly_mv TO actuations_hourly AS
+SELECT toStartOfHour(event_time) AS hour, job_id, policy_name, action, count() AS actuations
+FROM actuations
+GROUP BY hour, job_id, policy_name, action;
