@@ -71,7 +71,7 @@ def stream_group(settings: DsecSettings, services: frozenset[str]) -> str:
     """The Faust app id (consumer group) of the stream services a process runs: processes
     running the same services share partitions; different sets never share a group."""
     faust_services = sorted(services - {"sink"})
-    return f"{settings.topic_prefix}-{'+'.join(faust_services)}"
+    return f"{settings.topic_prefix}-{'.'.join(faust_services)}"
 
 
 @dataclass
