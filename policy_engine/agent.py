@@ -64,7 +64,7 @@ def register_policy_engine(
     actuations = app.topic(topics.actuations, value_type=bytes, key_type=bytes)
     decisions = app.topic(topics.decisions, value_type=bytes, key_type=bytes)
     dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
-    policy_state = app.Table("policy-state", default=dict, partitions=None, value_type=dict)
+    policy_state = app.Table("policy-state", default=dict, partitions=None)
 
     async def send_durably(topic: faust.TopicT, key: bytes, value: bytes) -> None:
         await (await topic.send(key=key, value=value))

@@ -53,6 +53,8 @@ class FeatureEvent(Event):
 # The feature catalogue: every name the stream jobs publish, with its unit. Policies are
 # written against these names; a name's meaning and unit never change within a version.
 WORKER_FEATURES: dict[str, str] = {
+    "episodes_total": "episodes the worker reported since the stream job first saw it (count)",
+    "steps_total": "optimizer steps the worker reported since first seen (count)",
     "reward_mean": "mean episode return over the last N episodes",
     "reward_variance": "sample variance of the episode return over the last N episodes",
     "reward_episodes": "episodes in the reward window (count)",

@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import faust
 
@@ -44,7 +44,6 @@ class JobCounters:
     dead_letters: int = 0
     features_out: int = 0
     gpu_profiles_out: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
 
 
 def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
@@ -58,15 +57,6 @@ def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
 def derived_event_id(*parts: object) -> str:
     """A deterministic id: re-deriving the same output after a replay gives the same id."""
     return hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=16).hexdigest()
-
-
-@dataclass
-class _WorkerOutput:
-    identity: WorkerIdentity
-    features: dict[str, float] = field(default_factory=dict)
-    gpus: dict[str, worker_features.GpuContribution] = field(default_factory=dict)
-    last_partition: int = 0
-    last_offset: int = 0
 
 
 def register_metrics_job(
@@ -84,19 +74,21 @@ def register_metrics_job(
     dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
     # Keyed by worker id, partitioned as the metrics topic is: a worker's state lives
     # with its events, and timers may update it outside any event.
+    # Raw keys (the worker id's bytes, as on the metrics topic): the changelog partition
+    # chosen by the partitioner is then the partition the worker's events are on.
     worker_state = app.Table(
-        "worker-state", default=dict, partitions=None, value_type=dict,
-        key_type=str, use_partitioner=True,
+        "worker-state", default=dict, partitions=None, key_type=bytes, use_partitioner=True
     )
 
-    def feature_event(output: _WorkerOutput, values: dict[str, float], event_id: str) -> bytes:
+    def feature_event(identity: WorkerIdentity, values: dict[str, float], event_id: str) -> bytes:
         return encode(FeatureEvent(
-            event_id=event_id, identity=output.identity, window="rolling", features=values,
+            event_id=event_id, identity=identity, window="rolling", features=values,
         ))
 
     async def process(events: list[faust.EventT]) -> None:
         sends = []
-        outputs: dict[str, _WorkerOutput] = {}
+        gpus: dict[tuple[str, str], tuple[WorkerIdentity, worker_features.GpuContribution,
+                                          int, int]] = {}
         states: dict[str, dict] = {}
         wall_ms = now_ms()
         for event in events:
@@ -113,7 +105,7 @@ def register_metrics_job(
             batch, frames = decoded.header, decoded.frames
             worker = batch.identity.worker_id
             counters.samples_in += decoded.sample_count()
-            state = states[worker] if worker in states else worker_state[worker]
+            state = states[worker] if worker in states else worker_state[worker.encode()]
             result = worker_features.update(
                 state, frames, message.partition, message.offset, wall_ms, config
             )
@@ -123,40 +115,37 @@ def register_metrics_job(
             state = dict(result.state)
             state["identity"] = batch.identity.model_dump()
             states[worker] = state
-            output = outputs.setdefault(worker, _WorkerOutput(batch.identity))
-            output.identity = batch.identity
-            output.features.update(result.features)
-            for contribution in result.gpus:
-                output.gpus[contribution.gpu_uuid] = contribution
-            output.last_partition, output.last_offset = message.partition, message.offset
-        for worker, output in outputs.items():
-            key = worker.encode()
-            if output.features:
-                event_id = derived_event_id("features", worker, output.last_partition,
-                                            output.last_offset)
+            if result.features:
+                # One feature event per input message, with an id derived from it.
+                event_id = derived_event_id("features", worker, message.partition,
+                                            message.offset)
                 sends.append(await features.send(
-                    key=key, value=feature_event(output, output.features, event_id)))
+                    key=worker.encode(),
+                    value=feature_event(batch.identity, result.features, event_id),
+                ))
                 counters.features_out += 1
-            for uuid, contribution in output.gpus.items():
-                profile = GpuProfileEvent(
-                    event_id=derived_event_id("gpu", uuid, worker, output.last_partition,
-                                              output.last_offset),
-                    gpu_uuid=uuid, gpu_model=contribution.gpu_model, identity=output.identity,
-                    regimes={name: RegimeGrowth(delta_bytes=d_bytes, delta_s=d_s)
-                             for name, (d_bytes, d_s) in contribution.regimes.items()},
-                    thermal_throttle_events=contribution.thermal_throttle_events,
-                    bandwidth_jitter=contribution.bandwidth_jitter,
-                    samples=contribution.samples,
-                )
-                sends.append(await gpu_profiles.send(
-                    key=f"{uuid}/{worker}".encode(), value=encode(profile)))
-                counters.gpu_profiles_out += 1
+            for contribution in result.gpus:
+                gpus[(contribution.gpu_uuid, worker)] = (
+                    batch.identity, contribution, message.partition, message.offset)
+        for (uuid, worker), (identity, contribution, partition, offset) in gpus.items():
+            profile = GpuProfileEvent(
+                event_id=derived_event_id("gpu", uuid, worker, partition, offset),
+                gpu_uuid=uuid, gpu_model=contribution.gpu_model, identity=identity,
+                regimes={name: RegimeGrowth(delta_bytes=d_bytes, delta_s=d_s)
+                         for name, (d_bytes, d_s) in contribution.regimes.items()},
+                thermal_throttle_events=contribution.thermal_throttle_events,
+                bandwidth_jitter=contribution.bandwidth_jitter,
+                samples=contribution.samples,
+            )
+            sends.append(await gpu_profiles.send(key=f"{uuid}/{worker}".encode(),
+                                                 value=encode(profile)))
+            counters.gpu_profiles_out += 1
         # Outputs first, state second: a crash in between replays the batch, which derives
         # the same outputs under the same ids (deduplicated downstream).
         if sends:
             await asyncio.gather(*sends)
         for worker, state in states.items():
-            worker_state[worker] = state
+            worker_state[worker.encode()] = state
 
     @app.agent(metrics, name="metrics-job")
     async def metrics_job(stream: faust.StreamT) -> None:
@@ -166,16 +155,16 @@ def register_metrics_job(
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
         wall_ms = int(time.time() * 1000)
-        for worker, state in list(worker_state.items()):
+        for key, state in list(worker_state.items()):
             new_state, lost = worker_features.liveness(state, wall_ms, config)
             if lost is None:
                 continue
+            worker = key.decode()
             identity = WorkerIdentity.model_validate(state["identity"])
-            output = _WorkerOutput(identity)
             event_id = derived_event_id("lost", worker, state.get("last_heartbeat_ms"))
             await (await features.send(key=worker.encode(),
-                                       value=feature_event(output, lost, event_id)))
-            worker_state[worker] = new_state
+                                       value=feature_event(identity, lost, event_id)))
+            worker_state[key] = new_state
             counters.features_out += 1
             log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
 

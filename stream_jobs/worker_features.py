@@ -96,6 +96,8 @@ def _episodes(state: State, frame: Frame, config: FeatureConfig, out: dict[str, 
         state.get("reward_times_ms", []), frame["event_time_ms"], 2 * window
     )
     state["lengths"] = _tail(state.get("lengths", []), frame["length"], window)
+    state["episodes_total"] = state.get("episodes_total", 0) + int(frame["reward"].size)
+    out["episodes_total"] = float(state["episodes_total"])
     out.update(stats.reward_window_features(state["rewards"], window))
     times = np.asarray(state["reward_times_ms"], dtype=np.int64)
     recent = np.asarray(state["rewards"])[times >= times.max() - config.reward_time_window_s * 1e3]
@@ -113,6 +115,8 @@ def _episodes(state: State, frame: Frame, config: FeatureConfig, out: dict[str, 
 
 def _steps(state: State, frame: Frame, config: FeatureConfig, out: dict[str, float]) -> None:
     window = config.grad_window_steps
+    state["steps_total"] = state.get("steps_total", 0) + int(frame["step"].size)
+    out["steps_total"] = float(state["steps_total"])
     norms = frame["grad_norm"]
     has_norm = np.isfinite(norms)
     state["grad_steps"] = _tail(state.get("grad_steps", []), frame["step"][has_norm], window)

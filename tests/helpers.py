@@ -17,3 +17,46 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.25, what: str = 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | None = None,
+                log_name: str = "stack.log"):
+    """``dsec up`` on ``bootstrap`` as a subprocess; returns once it wrote its state file."""
+    import os
+    import subprocess
+    import sys
+
+    from dsec.infra.stack import read_stack_state
+
+    env = {**os.environ, "DSEC_DATA_DIR": str(data_dir), "DSEC_TOPIC_PREFIX": topic_prefix,
+           "DSEC_SIGNING_KEY": "test-signing-key"}
+    command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap]
+    if services:
+        command += ["--services", services]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / log_name
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    state = wait_for(lambda: process.poll() is not None or read_stack_state(data_dir), 120,
+                     what="the stack to start")
+    if process.poll() is not None:
+        pytest.fail(f"the stack exited: {log_path.read_text()[-3000:]}")
+    del state
+    return process
+
+
+def stop_stack(process, kill: bool = False) -> None:
+    import signal
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    if kill:
+        process.kill()
+    else:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
