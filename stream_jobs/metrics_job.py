@@ -147,8 +147,15 @@ def register_metrics_job(
         for worker, state in states.items():
             worker_state[worker.encode()] = state
 
+    async def changelog_metadata() -> None:
+        # The table chooses changelog partitions with the producer's partitioner, which
+        # needs the changelog topic's metadata; fetch it before the first write.
+        producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+        await producer.partitions_for(worker_state.changelog_topic.get_topic_name())
+
     @app.agent(metrics, name="metrics-job")
     async def metrics_job(stream: faust.StreamT) -> None:
+        await changelog_metadata()
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
             await process(list(events))
 
