@@ -1,0 +1,107 @@
+"""Snapshot chains on disk: bit-exact restore, detected corruption, quantised error bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dsec.actuators.restore import NoSnapshotError, restore
+from dsec.actuators.snapshot_store import list_sequences, pack_path, read_manifest
+from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
+
+
+def _model_and_optimizer(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 8))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    x = torch.randn(32, 64)
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _snapshot_chain(directory: Path, snapshots: int, **config: object):
+    model, optimizer = _model_and_optimizer()
+    snapshotter = Snapshotter(model, optimizer,
+                              SnapshotConfig(directory=directory, chunk_bytes=8192, **config))
+    for step in range(snapshots):
+        _train_step(model, optimizer)
+        assert snapshotter.request(step, {"episode_head": 10 * step}) is not None
+        assert snapshotter.wait_idle(30)
+    snapshotter.close()
+    assert snapshotter.stats.failed == 0
+    return model, optimizer, snapshotter
+
+
+def test_chain_restores_bit_exact_state_and_rng(tmp_path: Path) -> None:
+    model, optimizer, _ = _snapshot_chain(tmp_path, 5)
+    manifests = [read_manifest(tmp_path, seq) for seq in list_sequences(tmp_path)]
+    assert [m.parent for m in manifests] == [None, 0, 1, 2, 3]
+    expected_next = torch.rand(3)  # the RNG draw right after the last snapshot
+
+    fresh, fresh_optimizer = _model_and_optimizer(seed=1)
+    state = restore(f"file://{tmp_path}", fresh, fresh_optimizer)
+    assert state.seq == 4 and state.global_step == 4 and state.meta["episode_head"] == 40
+    assert state.report.corrupt == []
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    for index, values in optimizer.state_dict()["state"].items():
+        restored = fresh_optimizer.state_dict()["state"][index]
+        for key, value in values.items():
+            assert torch.equal(restored[key], value), (index, key)
+    assert torch.equal(torch.rand(3), expected_next)
+    _train_step(fresh, fresh_optimizer)  # the restored optimizer keeps training
+
+
+def test_corrupt_chunk_is_reported_and_last_good_state_used(tmp_path: Path) -> None:
+    _snapshot_chain(tmp_path, 4)
+    pack = pack_path(tmp_path, 2)
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    state = restore(tmp_path, restore_rng=False)
+    assert state.seq == 1
+    assert [seq for seq, _ in state.report.corrupt] == [2]
+
+
+def test_new_keyframe_starts_a_segment_and_old_segments_are_pruned(tmp_path: Path) -> None:
+    _snapshot_chain(tmp_path, 7, keyframe_every=2, keep_segments=2)
+    sequences = list_sequences(tmp_path)
+    assert sequences == [4, 5, 6]
+    assert read_manifest(tmp_path, 4).parent is None
+    assert restore(tmp_path, restore_rng=False).seq == 6
+
+
+def test_quantised_weights_stay_within_recorded_error(tmp_path: Path) -> None:
+    model, _, _ = _snapshot_chain(tmp_path, 2, quantise_weights=True, quantise_block_elems=256)
+    state = restore(tmp_path, restore_rng=False)
+    weight = model.state_dict()["0.weight"]
+    bound = state.max_abs_error["model.0.weight"]
+    assert 0 < bound < 1e-2
+    assert (state.tensors["model.0.weight"] - weight).abs().max().item() <= bound + 1e-7
+
+
+def test_empty_directory_has_nothing_to_restore(tmp_path: Path) -> None:
+    with pytest.raises(NoSnapshotError):
+        restore(tmp_path)
+    with pytest.raises(ValueError):
+        restore("s3://bucket/path")
+
+
+def test_busy_snapshotter_skips_instead_of_queueing(tmp_path: Path) -> None:
+    model, optimizer = _model_and_optimizer()
+    snapshotter = Snapshotter(model, optimizer, SnapshotConfig(directory=tmp_path))
+    first = snapshotter.request(0)
+    second = snapshotter.request(0)
+    snapshotter.close()
+    assert first == 0
+    assert second is None or snapshotter.stats.skipped_busy == 0
+    assert np.isfinite(snapshotter.stats.blocking_ms_total)
