@@ -1,10 +1,16 @@
 """Snapshot chains on a local directory: atomic writes, and verified reads back.
 
 One snapshot is two files: ``snap-<seq>.pack`` (the encoded chunks, back to back)
-and ``snap-<seq>.json`` (the manifest: tensors, chunks, hashes, parent). The
-manifest is written last and atomically, so a snapshot exists only once all of
-its bytes are durable. A keyframe has no parent; a delta stores each changed
-chunk XORed against the same chunk of its parent, and nothing for an unchanged one.
+and ``snap-<seq>.json`` (the manifest: tensors, chunks, hashes, parent, keyframe).
+The manifest is written last and atomically, so a snapshot exists only once all
+of its bytes are durable.
+
+A keyframe stores every chunk. A delta stores a chunk only when its content hash
+changed since the snapshot before it, XORed against the same chunk of the
+keyframe; an unchanged chunk is a reference to the snapshot that stored it.
+Deltas reference the keyframe rather than their parent so that restoring any
+snapshot decodes each chunk at most twice (keyframe + latest change), however
+long the chain: restore time stays bounded while writes stay incremental.
 """
 
 from __future__ import annotations
@@ -86,9 +92,10 @@ def list_sequences(directory: Path) -> list[int]:
 class ChunkRecord:
     nbytes: int
     hash: str
-    offset: int = 0  # in the pack
-    length: int = 0  # stored bytes; 0 when unchanged
-    mode: str = "key"  # key | xor | same
+    offset: int = 0  # in the pack of ``stored_in``
+    length: int = 0
+    mode: str = "key"  # key: raw; xor: XORed against the keyframe's chunk
+    stored_in: int = -1  # the snapshot whose pack holds these bytes
 
 
 @dataclass
@@ -107,10 +114,12 @@ class TensorRecord:
 class Manifest:
     seq: int
     parent: int | None
+    keyframe: int
     created_ms: int
     meta: dict
     tensors: list[TensorRecord] = field(default_factory=list)
     pack_bytes: int = 0
+    pack_hash: str = ""
     version: int = MANIFEST_VERSION
 
     def to_bytes(self) -> bytes:
@@ -145,48 +154,71 @@ def read_manifest(directory: Path, seq: int) -> Manifest:
     return manifest
 
 
-def apply_snapshot(
-    directory: Path, manifest: Manifest, state: dict[str, np.ndarray], codec: ChunkCodec
-) -> dict[str, np.ndarray]:
-    """The byte buffers after ``manifest``, given those after its parent (``state``).
+class _Packs:
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._cache: dict[int, bytes] = {}
 
-    Every chunk is checked against its content hash; ``state`` is never modified, so a
-    corrupt link leaves the last good state intact.
-    """
+    def read(self, seq: int, manifest_bytes: int) -> bytes:
+        if seq not in self._cache:
+            try:
+                pack = pack_path(self._directory, seq).read_bytes()
+            except OSError as exc:
+                raise CorruptSnapshotError(seq, f"unreadable pack: {exc}") from None
+            if len(pack) != manifest_bytes:
+                raise CorruptSnapshotError(
+                    seq, f"pack has {len(pack)} bytes, manifest says {manifest_bytes}"
+                )
+            self._cache[seq] = pack
+        return self._cache[seq]
+
+
+def _decode_chunk(
+    chunk: ChunkRecord, key_chunk: np.ndarray | None, itemsize: int,
+    manifests: dict[int, Manifest], packs: _Packs, codec: ChunkCodec, where: str,
+) -> np.ndarray:
+    holder = manifests.get(chunk.stored_in)
+    if holder is None:
+        raise CorruptSnapshotError(chunk.stored_in, f"{where}: snapshot missing")
+    if chunk.mode == "xor" and key_chunk is None:
+        raise CorruptSnapshotError(holder.seq, f"{where}: keyframe lacks this chunk")
+    pack = packs.read(holder.seq, holder.pack_bytes)
+    stored = pack[chunk.offset : chunk.offset + chunk.length]
     try:
-        pack = pack_path(directory, manifest.seq).read_bytes()
-    except OSError as exc:
-        raise CorruptSnapshotError(manifest.seq, f"unreadable pack: {exc}") from None
-    if len(pack) != manifest.pack_bytes:
-        raise CorruptSnapshotError(
-            manifest.seq, f"pack has {len(pack)} bytes, manifest says {manifest.pack_bytes}"
-        )
+        raw = codec.decode(stored, key_chunk if chunk.mode == "xor" else None, itemsize,
+                           chunk.nbytes)
+    except Exception as exc:
+        raise CorruptSnapshotError(holder.seq, f"{where}: {exc}") from None
+    if content_hash(raw) != chunk.hash:
+        raise CorruptSnapshotError(holder.seq, f"{where}: content hash mismatch")
+    return raw
+
+
+def build_state(
+    manifest: Manifest, manifests: dict[int, Manifest], key_state: dict[str, np.ndarray],
+    packs: _Packs, codec: ChunkCodec,
+) -> dict[str, np.ndarray]:
+    """The byte buffers of ``manifest``, every chunk checked against its content hash."""
     result: dict[str, np.ndarray] = {}
     for tensor in manifest.tensors:
         itemsize = np.dtype(tensor.dtype).itemsize
         total = sum(chunk.nbytes for chunk in tensor.chunks)
-        previous = state.get(tensor.name)
-        if previous is not None and previous.size != total:
-            previous = None
+        key = key_state.get(tensor.name)
+        if key is not None and key.size != total:
+            key = None
         buffer = np.empty(total, np.uint8)
         position = 0
         for index, chunk in enumerate(tensor.chunks):
             span = slice(position, position + chunk.nbytes)
             position += chunk.nbytes
             where = f"{tensor.name} chunk {index}"
-            if chunk.mode != "key" and previous is None:
-                raise CorruptSnapshotError(manifest.seq, f"{where}: parent lacks this tensor")
-            if chunk.mode == "same":
-                buffer[span] = previous[span]  # type: ignore[index]
-            else:
-                stored = pack[chunk.offset : chunk.offset + chunk.length]
-                base = None if chunk.mode == "key" else previous[span]  # type: ignore[index]
-                try:
-                    buffer[span] = codec.decode(stored, base, itemsize, chunk.nbytes)
-                except Exception as exc:
-                    raise CorruptSnapshotError(manifest.seq, f"{where}: {exc}") from None
-            if content_hash(buffer[span]) != chunk.hash:
-                raise CorruptSnapshotError(manifest.seq, f"{where}: content hash mismatch")
+            if (chunk.stored_in == manifest.keyframe and key is not None
+                    and manifest.seq != manifest.keyframe):
+                buffer[span] = key[span]  # verified when the keyframe was built
+                continue
+            key_chunk = None if key is None else key[span]
+            buffer[span] = _decode_chunk(chunk, key_chunk, itemsize, manifests, packs, codec,
+                                         where)
         result[tensor.name] = buffer
     return result
 
@@ -198,41 +230,64 @@ class ChainReport:
     corrupt: list[tuple[int, str]]
 
 
+def _verify_link(directory: Path, manifest: Manifest, packs: _Packs) -> None:
+    pack = packs.read(manifest.seq, manifest.pack_bytes)
+    if content_hash(pack) != manifest.pack_hash:
+        raise CorruptSnapshotError(manifest.seq, "pack hash mismatch")
+
+
 def read_chain(
     directory: Path, codec: ChunkCodec | None = None
 ) -> tuple[Manifest | None, dict[str, np.ndarray], ChainReport]:
-    """The newest state that verifies: from the newest keyframe forward, falling back to an
-    older keyframe only when the newer one is itself corrupt."""
+    """The newest state whose chain verifies.
+
+    Every link from the newest keyframe on is checked (manifest, pack hash, parent);
+    the first corrupt link ends the chain and the snapshot before it is restored. A
+    corrupt keyframe falls back to the keyframe before it, when one is kept.
+    """
     codec = codec or ChunkCodec()
-    sequences = list_sequences(directory)
     corrupt: list[tuple[int, str]] = []
     manifests: dict[int, Manifest] = {}
-    for seq in sequences:
+    for seq in list_sequences(directory):
         try:
             manifests[seq] = read_manifest(directory, seq)
         except CorruptSnapshotError as exc:
             corrupt.append((seq, exc.reason))
-    keyframes = [seq for seq, m in manifests.items() if m.parent is None]
-    for key_seq in sorted(keyframes, reverse=True):
-        state: dict[str, np.ndarray] = {}
-        last: Manifest | None = None
-        applied: list[int] = []
-        for seq in sorted(s for s in manifests if s >= key_seq):
-            manifest = manifests[seq]
-            if seq != key_seq and manifest.parent != (last.seq if last else None):
-                if manifest.parent is None:
-                    break  # the next keyframe's segment was tried already
-                corrupt.append((seq, f"parent {manifest.parent} is not the last good link"))
+    packs = _Packs(directory)
+    keyframes = sorted((s for s, m in manifests.items() if m.parent is None), reverse=True)
+    for keyframe in keyframes:
+        good: list[Manifest] = []
+        expected_parent: int | None = None
+        for seq in range(keyframe, max(manifests) + 1):
+            manifest = manifests.get(seq)
+            if manifest is None:
+                if seq not in {s for s, _ in corrupt}:
+                    corrupt.append((seq, "missing from the chain"))
+                break
+            if seq != keyframe and (manifest.parent is None or manifest.keyframe != keyframe):
+                break  # the next segment
+            if manifest.parent != expected_parent:
+                corrupt.append((seq, f"parent {manifest.parent}, expected {expected_parent}"))
                 break
             try:
-                state = apply_snapshot(directory, manifest, state, codec)
+                _verify_link(directory, manifest, packs)
             except CorruptSnapshotError as exc:
                 corrupt.append((exc.seq, exc.reason))
                 break
-            last = manifest
-            applied.append(seq)
-        if last is not None:
-            return last, state, ChainReport(last.seq, applied, sorted(set(corrupt)))
+            good.append(manifest)
+            expected_parent = seq
+        while good:
+            chosen = good[-1]
+            try:
+                key_state = build_state(manifests[keyframe], manifests, {}, packs, codec)
+                state = key_state if chosen.seq == keyframe else build_state(
+                    chosen, manifests, key_state, packs, codec)
+            except CorruptSnapshotError as exc:
+                corrupt.append((exc.seq, exc.reason))
+                good = [m for m in good if m.seq < exc.seq]
+                continue
+            chain = [m.seq for m in good]
+            return chosen, state, ChainReport(chosen.seq, chain, sorted(set(corrupt)))
     return None, {}, ChainReport(None, [], sorted(set(corrupt)))
 
 

@@ -10,6 +10,7 @@ that background thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -50,7 +51,10 @@ class SnapshotConfig:
     directory: str | Path
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     zstd_level: int = 3
-    keyframe_every: int = 8  # bounds restore work: at most this many deltas after a keyframe
+    keyframe_every: int = 64
+    # a new keyframe once the deltas since the last one add up to this share of its size:
+    # bounds the bytes a restore reads and verifies to (1 + delta_budget) keyframes
+    delta_budget: float = 1.0
     keep_segments: int = 2  # keyframe segments kept on disk
     quantise_weights: bool = False  # int8 weights, with the error bound in the manifest
     quantise_block_elems: int = 4096
@@ -62,10 +66,12 @@ class SnapshotStats:
     skipped_busy: int = 0
     failed: int = 0
     blocking_ms_total: float = 0.0
+    blocking_ms: list[float] = field(default_factory=list)  # per snapshot: call + copy wait
     last_seq: int | None = None
     last_bytes: int = 0
     last_encode_ms: float = 0.0
     written_bytes: list[int] = field(default_factory=list)
+    keyframes: list[bool] = field(default_factory=list)  # parallel to written_bytes
 
 
 def _tensor_bytes(array: np.ndarray) -> np.ndarray:
@@ -99,11 +105,9 @@ class Snapshotter:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._codec = ChunkCodec(config.zstd_level)
         self._buffers: dict[str, Any] = {}  # host copies, reused snapshot after snapshot
-        self._previous: dict[str, np.ndarray] = {}  # stored bytes of the previous snapshot
-        self._previous_hashes: dict[str, list[str]] = {}
         existing = list_sequences(self.directory)
         self._next_seq = existing[-1] + 1 if existing else 0
-        self._since_keyframe = config.keyframe_every  # the first snapshot of a process is a key
+        self._reset_chain()  # the first snapshot of a process is a keyframe
         self._copied = threading.Event()
         self._copied.set()
         self._idle = threading.Event()
@@ -113,6 +117,14 @@ class Snapshotter:
         self._hook_handle: Any = None
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             self._hook_handle = optimizer.register_step_pre_hook(self._before_optimizer_step)
+
+    def _reset_chain(self) -> None:
+        self._key_seq: int | None = None
+        self._key_raw: dict[str, np.ndarray] = {}  # stored bytes of the keyframe
+        self._key_bytes = 0
+        self._latest: dict[str, list[ChunkRecord]] = {}  # where each chunk's bytes live now
+        self._since_keyframe = 0
+        self._delta_bytes_since_key = 0
 
     # --- training thread -------------------------------------------------------------
 
@@ -141,7 +153,9 @@ class Snapshotter:
             target=self._run, args=(seq, tensors, meta), name="dsec-snapshot", daemon=True
         )
         thread.start()
-        self.stats.blocking_ms_total += (time.perf_counter() - started) * 1000.0
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        self.stats.blocking_ms_total += elapsed_ms
+        self.stats.blocking_ms.append(elapsed_ms)
         return seq
 
     def _before_optimizer_step(self, *_args: Any) -> None:
@@ -155,6 +169,8 @@ class Snapshotter:
         self._copied.wait()
         waited_ms = (time.perf_counter() - started) * 1000.0
         self.stats.blocking_ms_total += waited_ms
+        if self.stats.blocking_ms:
+            self.stats.blocking_ms[-1] += waited_ms
         return waited_ms
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
@@ -238,9 +254,7 @@ class Snapshotter:
     def _fail(self, seq: int, exc: BaseException) -> None:
         self.stats.failed += 1
         self._error = exc
-        self._previous.clear()  # the next snapshot must not build on a missing link
-        self._previous_hashes.clear()
-        self._since_keyframe = self.config.keyframe_every
+        self._reset_chain()  # the next snapshot must not build on a missing link
         self._idle.set()
         log.error("dsec snapshot %d failed: %s", seq, exc)
 
@@ -270,50 +284,68 @@ class Snapshotter:
     def _encode_and_write(
         self, seq: int, arrays: dict[str, np.ndarray], meta: dict, torch_dtypes: dict[str, str]
     ) -> int:
-        keyframe = self._since_keyframe >= self.config.keyframe_every or not self._previous
-        parent = None if keyframe else seq - 1
+        keyframe = (
+            self._key_seq is None
+            or self._since_keyframe >= self.config.keyframe_every
+            or self._delta_bytes_since_key >= self.config.delta_budget * self._key_bytes
+        )
+        key_seq = seq if keyframe else self._key_seq
         pieces: list[bytes] = []
         offset = 0
         records: list[TensorRecord] = []
-        current: dict[str, np.ndarray] = {}
-        hashes: dict[str, list[str]] = {}
+        key_raw: dict[str, np.ndarray] = {}
+        latest: dict[str, list[ChunkRecord]] = {}
         for stored, record in self._stored_entries(arrays):
             name = record.name
             record.torch_dtype = torch_dtypes.get(name, "")
             raw = _tensor_bytes(np.ascontiguousarray(stored))
-            base = None if keyframe else self._previous.get(name)
-            if base is not None and base.size != raw.size:
-                base = None
-            previous_hashes = self._previous_hashes.get(name, []) if base is not None else []
+            key = None if keyframe else self._key_raw.get(name)
+            if key is not None and key.size != raw.size:
+                key = None
+            before = self._latest.get(name, []) if key is not None else []
             itemsize = stored.dtype.itemsize
-            chunk_hashes: list[str] = []
             for index, (start, end) in enumerate(chunk_spans(raw.size, self.config.chunk_bytes)):
                 piece = raw[start:end]
                 digest = content_hash(piece)
-                chunk_hashes.append(digest)
-                if index < len(previous_hashes) and previous_hashes[index] == digest:
-                    record.chunks.append(ChunkRecord(end - start, digest, mode="same"))
+                if index < len(before) and before[index].hash == digest:
+                    record.chunks.append(before[index])  # unchanged: a reference, no bytes
                     continue
-                chunk_base = None if base is None else base[start:end]
-                encoded = self._codec.encode(piece, chunk_base, itemsize)
-                mode = "key" if chunk_base is None else "xor"
-                record.chunks.append(ChunkRecord(end - start, digest, offset, len(encoded), mode))
+                key_chunk = None if key is None else key[start:end]
+                encoded = self._codec.encode(piece, key_chunk, itemsize)
+                record.chunks.append(ChunkRecord(
+                    end - start, digest, offset, len(encoded),
+                    "key" if key_chunk is None else "xor", seq,
+                ))
                 pieces.append(encoded)
                 offset += len(encoded)
             records.append(record)
-            current[name] = raw.copy()
-            hashes[name] = chunk_hashes
-        manifest = Manifest(seq=seq, parent=parent, created_ms=now_ms(), meta=meta,
-                            tensors=records, pack_bytes=offset)
+            latest[name] = record.chunks
+            if keyframe:
+                key_raw[name] = raw.copy()
+        pack_hash = hashlib.blake2b(digest_size=16)
+        for piece in pieces:
+            pack_hash.update(piece)
+        manifest = Manifest(
+            seq=seq, parent=None if keyframe else seq - 1, keyframe=key_seq,
+            created_ms=now_ms(), meta=meta, tensors=records, pack_bytes=offset,
+            pack_hash=pack_hash.hexdigest(),
+        )
         write_atomically(pack_path(self.directory, seq), pieces)
         manifest_bytes = manifest.to_bytes()
         write_atomically(manifest_path(self.directory, seq), manifest_bytes)
         fsync_dir(self.directory)
-        self._previous = current
-        self._previous_hashes = hashes
-        self._since_keyframe = 1 if keyframe else self._since_keyframe + 1
+        self._latest = latest
+        self.stats.keyframes.append(keyframe)
         if keyframe:
+            self._key_seq = seq
+            self._key_raw = key_raw
+            self._key_bytes = offset
+            self._since_keyframe = 1
+            self._delta_bytes_since_key = 0
             self._prune(seq)
+        else:
+            self._since_keyframe += 1
+            self._delta_bytes_since_key += offset
         return offset + len(manifest_bytes)
 
     def _prune(self, keyframe_seq: int) -> None:

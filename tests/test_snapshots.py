@@ -30,6 +30,7 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Non
 
 def _snapshot_chain(directory: Path, snapshots: int, **config: object):
     model, optimizer = _model_and_optimizer()
+    config = {"delta_budget": 100.0, **config}
     snapshotter = Snapshotter(model, optimizer,
                               SnapshotConfig(directory=directory, chunk_bytes=8192, **config))
     for step in range(snapshots):
@@ -70,6 +71,29 @@ def test_corrupt_chunk_is_reported_and_last_good_state_used(tmp_path: Path) -> N
     state = restore(tmp_path, restore_rng=False)
     assert state.seq == 1
     assert [seq for seq, _ in state.report.corrupt] == [2]
+
+
+def test_unchanged_chunks_are_references_not_bytes(tmp_path: Path) -> None:
+    model, optimizer = _model_and_optimizer()
+    model[0].weight.requires_grad_(False)  # a frozen layer: Adam never touches it
+    snapshotter = Snapshotter(model, optimizer,
+                              SnapshotConfig(directory=tmp_path, chunk_bytes=8192))
+    for step in range(3):
+        _train_step(model, optimizer)
+        snapshotter.request(step)
+        snapshotter.wait_idle(30)
+    snapshotter.close()
+    last = read_manifest(tmp_path, 2)
+    assert last.keyframe == 0
+    frozen = next(t for t in last.tensors if t.name == "model.0.weight")
+    trained = next(t for t in last.tensors if t.name == "model.2.weight")
+    assert {chunk.stored_in for chunk in frozen.chunks} == {0}
+    assert {chunk.stored_in for chunk in trained.chunks} == {2}
+    assert {chunk.mode for chunk in trained.chunks} == {"xor"}
+    restored, _ = _model_and_optimizer(seed=3)
+    restore(tmp_path, restored, restore_rng=False)
+    assert torch.equal(restored[0].weight, model[0].weight)
+    assert torch.equal(restored[2].weight, model[2].weight)
 
 
 def test_new_keyframe_starts_a_segment_and_old_segments_are_pruned(tmp_path: Path) -> None:
