@@ -19,7 +19,7 @@ class CommandGate:
     """Checks addressing, signature, expiry and duplicates (idempotent by actuation id)."""
 
     def __init__(
-        self, identity: WorkerIdentity, signing_key: bytes, remember: int = 10_000
+        self, identity: WorkerIdentity | None, signing_key: bytes, remember: int = 10_000
     ) -> None:
         self._identity = identity
         self._key = signing_key
@@ -27,6 +27,9 @@ class CommandGate:
         self._remember = remember
 
     def addressed_here(self, command: ActuationCommand) -> bool:
+        """For a gate of one worker; a node's gate (no identity) checks the node itself."""
+        if self._identity is None:
+            return False
         target = command.target
         return (
             target.node_id == self._identity.node_id

@@ -103,7 +103,7 @@ class GradCompression:
         def average(_done: Any) -> Any:
             total = torch.zeros_like(buffer, dtype=torch.float32)
             for part in gathered:
-                part_scale = part[-SCALE_BYTES:].view(torch.float32)
+                part_scale = part[-SCALE_BYTES:].clone().view(torch.float32)  # aligned copy
                 total += dequantise_gradient(part[:-SCALE_BYTES], part_scale, bits, numel)
             return buffer.copy_(total.div_(world))
 

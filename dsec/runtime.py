@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
 from dsec.actuators import ApplyHooks, InProcessActuator
+from dsec.actuators.channel import socket_path
+from dsec.actuators.snapshot_trigger import SnapshotTrigger
+from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
+from dsec.actuators.worker_channel import WorkerChannel
+from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters
 from dsec.kafka_clients import consumer_config, producer_config
 from dsec.schemas import ActionKind, WorkerIdentity, topic_names
 from dsec.settings import DsecSettings
+
+log = logging.getLogger(__name__)
+
+MEMORY_CHECK_EVERY_STEPS = 50
+MEMORY_WARNING_INTERVAL_S = 60.0
 
 
 def default_worker_id() -> str:
@@ -41,10 +53,24 @@ class WorkerRuntime:
             )
         )
         self.identity = identity
+        self.settings = settings
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.hooks = ApplyHooks()
+        self.controls = WorkerControls(snapshot=SnapshotTrigger(lambda: self.probe.global_step))
+        self.controls.register(self.hooks)
         self.actuator: InProcessActuator | None = None
-        if actuate:
+        self.channel: WorkerChannel | None = None
+        self._memory_checks = 0
+        self._memory_warned_s = float("-inf")
+        self.probe.add_step_callback(self._check_memory_budget)
+        node_socket = socket_path(settings.run_directory(), identity.node_id)
+        use_node = settings.actuator_channel == "node" or (
+            settings.actuator_channel == "auto" and node_socket.exists()
+        )
+        if actuate and use_node:
+            self.channel = WorkerChannel(identity, node_socket, self.hooks)
+            self.probe.add_step_callback(self.channel.apply_pending)
+        elif actuate:
             self.actuator = InProcessActuator(
                 identity=identity,
                 consumer_config=consumer_config(
@@ -62,7 +88,39 @@ class WorkerRuntime:
         self.probe.start()
         if self.actuator is not None:
             self.actuator.start()
+        if self.channel is not None:
+            self.channel.start()
         return self
+
+    def _check_memory_budget(self) -> None:
+        """The CPU soft budget is enforced by reporting: a violation is counted and logged."""
+        self._memory_checks += 1
+        if self._memory_checks % MEMORY_CHECK_EVERY_STEPS:
+            return
+        over_bytes = self.controls.memory_cap.check()
+        now_s = time.monotonic()
+        if over_bytes and now_s - self._memory_warned_s >= MEMORY_WARNING_INTERVAL_S:
+            self._memory_warned_s = now_s
+            log.warning("dsec: worker %s is %d bytes over its memory budget of %d bytes "
+                        "(%d violations)", self.identity.worker_id, over_bytes,
+                        self.controls.memory_cap.limit_bytes,
+                        self.controls.memory_cap.violations)
+
+    def enable_snapshots(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        directory: str | None = None,
+        quantise_weights: bool = False,
+        extra_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> Snapshotter:
+        snapshotter = Snapshotter(model, optimizer, SnapshotConfig(
+            directory=directory or self.settings.snapshot_location(),
+            quantise_weights=quantise_weights,
+        ))
+        self.controls.snapshot.attach(snapshotter, extra_state)
+        return snapshotter
 
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
@@ -71,4 +129,10 @@ class WorkerRuntime:
         if self.actuator is not None:
             self.actuator.apply_pending()
             self.actuator.stop()
+        if self.channel is not None:
+            self.channel.apply_pending()
+            self.channel.stop()
+        snapshotter = self.controls.snapshot.snapshotter
+        if snapshotter is not None:
+            snapshotter.close()
         return self.probe.shutdown()
