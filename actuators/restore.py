@@ -101,6 +101,8 @@ def restore(
 
             scales = buffers[f"{name}#scales"].view(np.float32)
             values = dequantise_int8(raw.view(np.int8), scales, record.block_elems)
+            if record.transform == "sqrt":
+                values = np.square(values)
             tensors[name] = torch.from_numpy(values.reshape(record.shape))
             errors[name] = record.max_abs_error
         else:

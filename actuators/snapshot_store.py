@@ -106,8 +106,9 @@ class TensorRecord:
     chunks: list[ChunkRecord]
     torch_dtype: str = ""  # e.g. bfloat16, which numpy stores as int16
     quantised_from: str | None = None  # the original dtype, when int8-quantised
+    transform: str = ""  # applied before quantising: "" or "sqrt" (squared on restore)
     block_elems: int = 0
-    max_abs_error: float = 0.0
+    max_abs_error: float = 0.0  # of the quantised values (after ``transform``)
 
 
 @dataclass

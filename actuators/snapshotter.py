@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import queue
 import random
 import threading
 import time
@@ -57,6 +58,9 @@ class SnapshotConfig:
     delta_budget: float = 1.0
     keep_segments: int = 2  # keyframe segments kept on disk
     quantise_weights: bool = False  # int8 weights, with the error bound in the manifest
+    # int8 Adam moments too (exp_avg as is, exp_avg_sq as its square root, whose range is
+    # far narrower): lossy, bounded, and what it takes to make Adam's state compress
+    quantise_optimizer: bool = False
     quantise_block_elems: int = 4096
 
 
@@ -115,8 +119,21 @@ class Snapshotter:
         self._error: BaseException | None = None
         self.stats = SnapshotStats()
         self._hook_handle: Any = None
+        # one long-lived thread: starting a thread per snapshot costs the training thread
+        # milliseconds of GIL hand-over on a busy host
+        self._jobs: queue.SimpleQueue[tuple[int, dict, dict] | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._work, name="dsec-snapshot", daemon=True)
+        self._worker.start()
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             self._hook_handle = optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Allocates the host buffers now rather than inside the first snapshot's copy
+        (optimizer state that does not exist yet is allocated when it first appears)."""
+        tensors, _ = self._collect()
+        for name, tensor in tensors.items():
+            self._host_buffer(name, tensor)
 
     def _reset_chain(self) -> None:
         self._key_seq: int | None = None
@@ -149,10 +166,7 @@ class Snapshotter:
             raise
         meta.update(extra or {})
         meta["global_step"] = int(global_step)
-        thread = threading.Thread(
-            target=self._run, args=(seq, tensors, meta), name="dsec-snapshot", daemon=True
-        )
-        thread.start()
+        self._jobs.put((seq, tensors, meta))
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         self.stats.blocking_ms_total += elapsed_ms
         self.stats.blocking_ms.append(elapsed_ms)
@@ -229,6 +243,10 @@ class Snapshotter:
             for name, b in arrays.items()
         }
 
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._run(*job)
+
     def _run(self, seq: int, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
         try:
             arrays = self._copy(tensors)
@@ -263,13 +281,14 @@ class Snapshotter:
     ) -> list[tuple[np.ndarray, TensorRecord]]:
         entries: list[tuple[np.ndarray, TensorRecord]] = []
         for name, array in arrays.items():
-            if (self.config.quantise_weights and name.startswith("model.")
-                    and array.dtype == np.float32 and array.size >= 1024):
-                quantised = quantise_int8(array, self.config.quantise_block_elems)
+            transform = self._quantisation(name, array)
+            if transform is not None:
+                source = np.sqrt(np.maximum(array, 0)) if transform == "sqrt" else array
+                quantised = quantise_int8(source, self.config.quantise_block_elems)
                 entries.append((quantised.values, TensorRecord(
                     name=name, dtype="int8", shape=list(array.shape), chunks=[],
                     quantised_from="float32", block_elems=quantised.block_elems,
-                    max_abs_error=quantised.max_abs_error,
+                    max_abs_error=quantised.max_abs_error, transform=transform,
                 )))
                 scales = quantised.scales
                 entries.append((scales, TensorRecord(
@@ -280,6 +299,19 @@ class Snapshotter:
                     name=name, dtype=array.dtype.name, shape=list(array.shape), chunks=[]
                 )))
         return entries
+
+    def _quantisation(self, name: str, array: np.ndarray) -> str | None:
+        """None: stored exactly; "": int8; "sqrt": int8 of the square root."""
+        if array.dtype != np.float32 or array.size < 1024:
+            return None
+        if self.config.quantise_weights and name.startswith("model."):
+            return ""
+        if self.config.quantise_optimizer and name.startswith("optim."):
+            if name.endswith(".exp_avg_sq"):
+                return "sqrt"
+            if name.endswith(".exp_avg"):
+                return ""
+        return None
 
     def _encode_and_write(
         self, seq: int, arrays: dict[str, np.ndarray], meta: dict, torch_dtypes: dict[str, str]
@@ -362,6 +394,9 @@ class Snapshotter:
 
     def close(self, timeout_s: float = 60.0) -> None:
         self.wait_idle(timeout_s)
+        if self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout_s)
         if self._hook_handle is not None:
             self._hook_handle.remove()
             self._hook_handle = None

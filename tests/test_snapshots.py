@@ -129,3 +129,33 @@ def test_busy_snapshotter_skips_instead_of_queueing(tmp_path: Path) -> None:
     assert first == 0
     assert second is None or snapshotter.stats.skipped_busy == 0
     assert np.isfinite(snapshotter.stats.blocking_ms_total)
+
+
+def test_quantised_adam_moments_restore_within_bounds_and_keep_training(tmp_path: Path) -> None:
+    _, optimizer, _ = _snapshot_chain(tmp_path, 3, quantise_weights=True,
+                                          quantise_optimizer=True, quantise_block_elems=256)
+    fresh, fresh_optimizer = _model_and_optimizer(seed=2)
+    state = restore(tmp_path, fresh, fresh_optimizer, restore_rng=False)
+    for index, values in optimizer.state_dict()["state"].items():
+        restored = fresh_optimizer.state_dict()["state"][index]
+        assert torch.equal(restored["step"], values["step"])
+        if values["exp_avg"].numel() < 1024:
+            continue  # small tensors are stored exactly
+        bound = state.max_abs_error[f"optim.{index}.exp_avg_sq"]
+        root_error = (restored["exp_avg_sq"].sqrt() - values["exp_avg_sq"].sqrt()).abs().max()
+        assert root_error.item() <= bound + 1e-7
+        assert (restored["exp_avg"] - values["exp_avg"]).abs().max().item() <= (
+            state.max_abs_error[f"optim.{index}.exp_avg"] + 1e-7)
+    _train_step(fresh, fresh_optimizer)
+    assert all(torch.isfinite(p).all() for p in fresh.parameters())
+
+
+def test_snapshot_bench_reports_every_field(tmp_path: Path) -> None:
+    from dsec.bench.snapshot import SnapshotBenchOptions, run_snapshot_bench
+
+    result = run_snapshot_bench(SnapshotBenchOptions(
+        hidden=64, steps=6, full_checkpoints=1, directory=tmp_path))
+    for key in ("torch_save_blocking_ms", "snapshot_blocking_ms", "blocking_ratio",
+                "full_bytes", "incremental_bytes_mean", "size_ratio", "restore_ms"):
+        assert result[key] >= 0, key
+    assert result["snapshots"] == 3

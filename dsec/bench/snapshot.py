@@ -37,6 +37,7 @@ class SnapshotBenchOptions:
     lr: float = 1e-4
     keyframe_every: int = 16
     quantise_weights: bool = False
+    quantise_optimizer: bool = False
     directory: Path | None = None
     seed: int = 0
 
@@ -105,6 +106,7 @@ def run_snapshot_bench(options: SnapshotBenchOptions) -> dict[str, Any]:
         snapshots = Snapshotter(model, optimizer, SnapshotConfig(
             directory=root / "snapshots", keyframe_every=options.keyframe_every,
             quantise_weights=options.quantise_weights,
+            quantise_optimizer=options.quantise_optimizer,
         ))
         for index in range(options.steps):
             step()  # the optimizer pre-hook waits here for a copy still in flight
@@ -142,6 +144,7 @@ def run_snapshot_bench(options: SnapshotBenchOptions) -> dict[str, Any]:
         "restored_from_snapshots": len(restored.report.applied),
         "steps_between_snapshots": options.snapshot_every_steps,
         "quantised_weights": options.quantise_weights,
+        "quantised_optimizer": options.quantise_optimizer,
         "encoding": ENCODING_NOTE,
     }
 
@@ -151,12 +154,16 @@ def snapshot_command(
     steps: Annotated[int, typer.Option(min=4, max=1000)] = 24,
     snapshot_every_steps: Annotated[int, typer.Option(min=1)] = 2,
     quantise_weights: Annotated[bool, typer.Option(help="int8 weights in snapshots.")] = False,
+    quantise_optimizer: Annotated[
+        bool, typer.Option(help="int8 Adam moments in snapshots.")
+    ] = False,
     directory: Annotated[Path | None, typer.Option(help="Scratch folder (default: tmp).")] = None,
 ) -> None:
     """Training-thread blocking, size and restore time: torch.save vs dsec snapshot."""
     result = run_snapshot_bench(SnapshotBenchOptions(
         steps=steps, snapshot_every_steps=snapshot_every_steps,
-        quantise_weights=quantise_weights, directory=directory,
+        quantise_weights=quantise_weights, quantise_optimizer=quantise_optimizer,
+        directory=directory,
     ))
     if as_json:
         print(json.dumps(result))
