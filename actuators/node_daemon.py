@@ -334,7 +334,12 @@ class NodeActuator:
 
     def _send_result(self, result: ActuationResult) -> None:
         self.results[result.status] += 1
-        self._publish(self.config.results_topic, self.config.node_id.encode(), encode(result))
+        try:
+            self._publish(self.config.results_topic, self.config.node_id.encode(),
+                          encode(result))
+        except Exception:  # a lost result is logged; the node keeps serving its workers
+            log.exception("dsec node actuator: result for %s not published",
+                          result.actuation_id)
 
     def _save_desired_state(self) -> None:
         body = orjson.dumps([c.model_dump(mode="json", exclude_none=True)

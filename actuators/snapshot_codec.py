@@ -4,6 +4,8 @@ Why XOR then byte planes then zstd: between two snapshots an Adam-updated float
 keeps its sign, its exponent and the top of its mantissa; XOR turns those into
 zero bits, and splitting the 4 bytes of every float32 into 4 planes puts the
 zeroed high bytes next to each other, where zstd codes them in a few bits.
+Quantised (int8) codes are subtracted instead, since a code that moved by one
+step is then a small number rather than a run of flipped bits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ def xor_bytes(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return np.bitwise_xor(left, right)
 
 
+def wrapping_difference(values: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """(values - base) mod 256, byte-wise: for int8 codes that moved by a step or two this
+    is a small number, where XOR would flip several bits (7 -> 8 is 0x0F under XOR)."""
+    if values.shape != base.shape:
+        raise ValueError(f"difference of {values.shape} against {base.shape}")
+    return np.subtract(values, base, dtype=np.uint8)
+
+
+def wrapping_sum(difference: np.ndarray, base: np.ndarray) -> np.ndarray:
+    return np.add(difference, base, dtype=np.uint8)
+
+
 def to_byte_planes(raw: np.ndarray, itemsize: int) -> np.ndarray:
     """Regroups bytes so byte k of every element lies together (a lossless shuffle)."""
     if itemsize <= 1 or raw.size % itemsize:
@@ -56,7 +70,13 @@ class ChunkCodec:
     level: int = 3
 
     def encode(self, raw: np.ndarray, base: np.ndarray | None, itemsize: int) -> bytes:
-        delta = raw if base is None else xor_bytes(raw, base)
+        """Floats are XORed against ``base``; single-byte (int8) codes are subtracted."""
+        if base is None:
+            delta = raw
+        elif itemsize == 1:
+            delta = wrapping_difference(raw, base)
+        else:
+            delta = xor_bytes(raw, base)
         planes = to_byte_planes(delta, itemsize)
         return zstandard.ZstdCompressor(level=self.level).compress(planes.tobytes())
 
@@ -69,7 +89,9 @@ class ChunkCodec:
         if planes.size != nbytes:
             raise ValueError(f"chunk decoded to {planes.size} bytes, expected {nbytes}")
         delta = from_byte_planes(planes, itemsize)
-        return delta.copy() if base is None else xor_bytes(delta, base)
+        if base is None:
+            return delta.copy()
+        return wrapping_sum(delta, base) if itemsize == 1 else xor_bytes(delta, base)
 
 
 @dataclass(frozen=True)

@@ -316,3 +316,27 @@ def test_a_command_replaced_before_delivery_is_superseded(node) -> None:
     node.send(second)
     result = node.result_for(first.actuation_id)[0]
     assert result.status.value == "superseded" and second.actuation_id in result.detail
+
+
+def test_dsec_actuator_command_serves_the_socket_until_signalled(settings) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="dsec-cli-"))
+    ensure_topics(settings, partitions=2)
+    env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+           "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(settings.data_dir)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsec.cli", "actuator", "--node", "node-cli",
+         "--bootstrap", settings.bootstrap, "--run-dir", str(run_dir)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sock = run_dir / "actuator-node-cli.sock"
+    try:
+        wait_for(lambda: process.poll() is not None or sock.exists(), 60,
+                 what="the actuator socket")
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        assert not sock.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -60,3 +60,16 @@ def test_int8_quantisation_records_its_true_error_bound() -> None:
     assert error == pytest.approx(quantised.max_abs_error)
     assert error <= quantised.scales.max() / 2 + 1e-7
     assert quantised.values.dtype == np.int8 and quantised.scales.size == 10
+
+
+def test_int8_codes_are_delta_coded_by_wrapping_difference() -> None:
+    from dsec.actuators.snapshot_codec import wrapping_difference, wrapping_sum
+
+    before = np.array([7, -128, 127, 0], dtype=np.int8).view(np.uint8)
+    after = np.array([8, 127, -128, 0], dtype=np.int8).view(np.uint8)
+    difference = wrapping_difference(after, before)
+    assert difference.tolist() == [1, 255, 1, 0]
+    assert np.array_equal(wrapping_sum(difference, before), after)
+    codec = ChunkCodec()
+    stored = codec.encode(after, before, 1)
+    assert np.array_equal(codec.decode(stored, before, 1, after.size), after)

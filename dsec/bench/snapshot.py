@@ -21,9 +21,9 @@ from typing import Annotated, Any
 import typer
 
 ENCODING_NOTE = (
-    "changed chunks only (blake2b content hash), each XORed against the keyframe so "
-    "unchanged sign/exponent/high-mantissa bits become zeros, split into byte planes, "
-    "zstd; weights optionally int8 per 4096-element block"
+    "only chunks whose blake2b content hash changed are written; floats XORed against the "
+    "keyframe (unchanged sign/exponent/high-mantissa bits become zeros) and split into "
+    "byte planes, int8 codes subtracted from the keyframe's, then zstd"
 )
 
 
@@ -145,7 +145,10 @@ def run_snapshot_bench(options: SnapshotBenchOptions) -> dict[str, Any]:
         "steps_between_snapshots": options.snapshot_every_steps,
         "quantised_weights": options.quantise_weights,
         "quantised_optimizer": options.quantise_optimizer,
-        "encoding": ENCODING_NOTE,
+        "encoding": ENCODING_NOTE + (
+            "; weights int8" if options.quantise_weights else "") + (
+            "; Adam moments int8 (exp_avg_sq as its square root)"
+            if options.quantise_optimizer else ""),
     }
 
 
