@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -159,8 +161,13 @@ class _Packs:
     def __init__(self, directory: Path) -> None:
         self._directory = directory
         self._cache: dict[int, bytes] = {}
+        self._lock = threading.Lock()
 
     def read(self, seq: int, manifest_bytes: int) -> bytes:
+        with self._lock:
+            return self._read(seq, manifest_bytes)
+
+    def _read(self, seq: int, manifest_bytes: int) -> bytes:
         if seq not in self._cache:
             try:
                 pack = pack_path(self._directory, seq).read_bytes()
@@ -197,10 +204,14 @@ def _decode_chunk(
 
 def build_state(
     manifest: Manifest, manifests: dict[int, Manifest], key_state: dict[str, np.ndarray],
-    packs: _Packs, codec: ChunkCodec,
+    packs: _Packs, codec: ChunkCodec, decode_threads: int = 4,
 ) -> dict[str, np.ndarray]:
-    """The byte buffers of ``manifest``, every chunk checked against its content hash."""
+    """The byte buffers of ``manifest``, every chunk checked against its content hash.
+
+    Chunks decode on a few threads: zstd, numpy and hashlib release the GIL.
+    """
     result: dict[str, np.ndarray] = {}
+    jobs: list[tuple[np.ndarray, slice, ChunkRecord, np.ndarray | None, int, str]] = []
     for tensor in manifest.tensors:
         itemsize = np.dtype(tensor.dtype).itemsize
         total = sum(chunk.nbytes for chunk in tensor.chunks)
@@ -212,15 +223,26 @@ def build_state(
         for index, chunk in enumerate(tensor.chunks):
             span = slice(position, position + chunk.nbytes)
             position += chunk.nbytes
-            where = f"{tensor.name} chunk {index}"
             if (chunk.stored_in == manifest.keyframe and key is not None
                     and manifest.seq != manifest.keyframe):
                 buffer[span] = key[span]  # verified when the keyframe was built
                 continue
             key_chunk = None if key is None else key[span]
-            buffer[span] = _decode_chunk(chunk, key_chunk, itemsize, manifests, packs, codec,
-                                         where)
+            jobs.append((buffer, span, chunk, key_chunk, itemsize,
+                         f"{tensor.name} chunk {index}"))
         result[tensor.name] = buffer
+
+    def decode(job: tuple[np.ndarray, slice, ChunkRecord, np.ndarray | None, int, str]) -> None:
+        buffer, span, chunk, key_chunk, itemsize, where = job
+        buffer[span] = _decode_chunk(chunk, key_chunk, itemsize, manifests, packs, codec, where)
+
+    if decode_threads <= 1 or len(jobs) < 2:
+        for job in jobs:
+            decode(job)
+        return result
+    with ThreadPoolExecutor(max_workers=decode_threads, thread_name_prefix="dsec-restore") as pool:
+        for _ in pool.map(decode, jobs):
+            pass
     return result
 
 
@@ -270,13 +292,17 @@ def read_chain(
             if manifest.parent != expected_parent:
                 corrupt.append((seq, f"parent {manifest.parent}, expected {expected_parent}"))
                 break
+            good.append(manifest)
+            expected_parent = seq
+        # the keyframe and the newest link are decoded, and every chunk's hash checked;
+        # the links in between are checked by their pack hashes
+        for position, manifest in enumerate(good[1:-1], start=1):
             try:
                 _verify_link(directory, manifest, packs)
             except CorruptSnapshotError as exc:
                 corrupt.append((exc.seq, exc.reason))
+                good = good[:position]
                 break
-            good.append(manifest)
-            expected_parent = seq
         while good:
             chosen = good[-1]
             try:

@@ -73,6 +73,21 @@ def test_corrupt_chunk_is_reported_and_last_good_state_used(tmp_path: Path) -> N
     assert [seq for seq, _ in state.report.corrupt] == [2]
 
 
+def test_corrupt_newest_link_or_keyframe_falls_back(tmp_path: Path) -> None:
+    _snapshot_chain(tmp_path, 5, keyframe_every=3, keep_segments=2)  # keyframes 0 and 3
+    newest = pack_path(tmp_path, 4)
+    newest.write_bytes(newest.read_bytes()[:-1] + b"\x00")
+    state = restore(tmp_path, restore_rng=False)
+    assert state.seq == 3 and [seq for seq, _ in state.report.corrupt] == [4]
+    keyframe = pack_path(tmp_path, 3)
+    data = bytearray(keyframe.read_bytes())
+    data[100] ^= 0x01
+    keyframe.write_bytes(bytes(data))
+    state = restore(tmp_path, restore_rng=False)
+    assert state.seq == 2  # the segment before, intact
+    assert {seq for seq, _ in state.report.corrupt} == {3}
+
+
 def test_unchanged_chunks_are_references_not_bytes(tmp_path: Path) -> None:
     model, optimizer = _model_and_optimizer()
     model[0].weight.requires_grad_(False)  # a frozen layer: Adam never touches it
