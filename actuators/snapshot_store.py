@@ -15,6 +15,7 @@ long the chain: restore time stays bounded while writes stay incremental.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import tempfile
@@ -157,20 +158,29 @@ def read_manifest(directory: Path, seq: int) -> Manifest:
     return manifest
 
 
+def _map_file(path: Path) -> memoryview:
+    """The file's bytes without copying them out of the page cache."""
+    with path.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+
+
 class _Packs:
     def __init__(self, directory: Path) -> None:
         self._directory = directory
-        self._cache: dict[int, bytes] = {}
+        self._cache: dict[int, memoryview] = {}
         self._lock = threading.Lock()
 
-    def read(self, seq: int, manifest_bytes: int) -> bytes:
+    def read(self, seq: int, manifest_bytes: int) -> memoryview:
         with self._lock:
             return self._read(seq, manifest_bytes)
 
-    def _read(self, seq: int, manifest_bytes: int) -> bytes:
+    def _read(self, seq: int, manifest_bytes: int) -> memoryview:
         if seq not in self._cache:
             try:
-                pack = pack_path(self._directory, seq).read_bytes()
+                pack = _map_file(pack_path(self._directory, seq))
             except OSError as exc:
                 raise CorruptSnapshotError(seq, f"unreadable pack: {exc}") from None
             if len(pack) != manifest_bytes:
