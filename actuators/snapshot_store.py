@@ -7,7 +7,8 @@ of its bytes are durable.
 
 A keyframe stores every chunk. A delta stores a chunk only when its content hash
 changed since the snapshot before it, XORed against the same chunk of the
-keyframe; an unchanged chunk is a reference to the snapshot that stored it.
+keyframe (or on its own, when XOR does not make it smaller); an unchanged chunk
+is a reference to the snapshot that stored it.
 Deltas reference the keyframe rather than their parent so that restoring any
 snapshot decodes each chunk at most twice (keyframe + latest change), however
 long the chain: restore time stays bounded while writes stay incremental.
@@ -213,38 +214,45 @@ def _decode_chunk(
 
 
 def build_state(
-    manifest: Manifest, manifests: dict[int, Manifest], key_state: dict[str, np.ndarray],
-    packs: _Packs, codec: ChunkCodec, decode_threads: int = 4,
+    manifest: Manifest, manifests: dict[int, Manifest], packs: _Packs, codec: ChunkCodec,
+    decode_threads: int = 4,
 ) -> dict[str, np.ndarray]:
     """The byte buffers of ``manifest``, every chunk checked against its content hash.
 
-    Chunks decode on a few threads: zstd, numpy and hashlib release the GIL.
+    A keyframe chunk is decoded only where a delta chunk is XORed against it. Chunks
+    decode on a few threads: zstd, numpy and hashlib release the GIL.
     """
+    key_manifest = manifests.get(manifest.keyframe)
+    if key_manifest is None:
+        raise CorruptSnapshotError(manifest.keyframe, "keyframe missing")
+    key_tensors = {tensor.name: tensor for tensor in key_manifest.tensors}
     result: dict[str, np.ndarray] = {}
-    jobs: list[tuple[np.ndarray, slice, ChunkRecord, np.ndarray | None, int, str]] = []
+    Job = tuple[np.ndarray, slice, ChunkRecord, ChunkRecord | None, int, str]
+    jobs: list[Job] = []
     for tensor in manifest.tensors:
         itemsize = np.dtype(tensor.dtype).itemsize
-        total = sum(chunk.nbytes for chunk in tensor.chunks)
-        key = key_state.get(tensor.name)
-        if key is not None and key.size != total:
-            key = None
-        buffer = np.empty(total, np.uint8)
+        buffer = np.empty(sum(chunk.nbytes for chunk in tensor.chunks), np.uint8)
+        key_tensor = key_tensors.get(tensor.name)
         position = 0
         for index, chunk in enumerate(tensor.chunks):
             span = slice(position, position + chunk.nbytes)
             position += chunk.nbytes
-            if (chunk.stored_in == manifest.keyframe and key is not None
-                    and manifest.seq != manifest.keyframe):
-                buffer[span] = key[span]  # verified when the keyframe was built
-                continue
-            key_chunk = None if key is None else key[span]
+            key_chunk = None
+            if chunk.mode == "xor":
+                if key_tensor is None or index >= len(key_tensor.chunks):
+                    raise CorruptSnapshotError(manifest.seq,
+                                               f"{tensor.name}: keyframe lacks this chunk")
+                key_chunk = key_tensor.chunks[index]
             jobs.append((buffer, span, chunk, key_chunk, itemsize,
                          f"{tensor.name} chunk {index}"))
         result[tensor.name] = buffer
 
-    def decode(job: tuple[np.ndarray, slice, ChunkRecord, np.ndarray | None, int, str]) -> None:
+    def decode(job: Job) -> None:
         buffer, span, chunk, key_chunk, itemsize, where = job
-        buffer[span] = _decode_chunk(chunk, key_chunk, itemsize, manifests, packs, codec, where)
+        base = None
+        if key_chunk is not None:
+            base = _decode_chunk(key_chunk, None, itemsize, manifests, packs, codec, where)
+        buffer[span] = _decode_chunk(chunk, base, itemsize, manifests, packs, codec, where)
 
     if decode_threads <= 1 or len(jobs) < 2:
         for job in jobs:
@@ -316,9 +324,7 @@ def read_chain(
         while good:
             chosen = good[-1]
             try:
-                key_state = build_state(manifests[keyframe], manifests, {}, packs, codec)
-                state = key_state if chosen.seq == keyframe else build_state(
-                    chosen, manifests, key_state, packs, codec)
+                state = build_state(chosen, manifests, packs, codec)
             except CorruptSnapshotError as exc:
                 corrupt.append((exc.seq, exc.reason))
                 good = [m for m in good if m.seq < exc.seq]

@@ -56,6 +56,9 @@ class SnapshotConfig:
     # a new keyframe once the deltas since the last one add up to this share of its size:
     # bounds the bytes a restore reads and verifies to (1 + delta_budget) keyframes
     delta_budget: float = 1.0
+    # a changed chunk is XORed against the keyframe only when that makes it at least this
+    # much smaller than the keyframe's copy; otherwise it is stored on its own
+    xor_worth_ratio: float = 0.8
     keep_segments: int = 2  # keyframe segments kept on disk
     quantise_weights: bool = False  # int8 weights, with the error bound in the manifest
     # int8 Adam moments too (exp_avg as is, exp_avg_sq as its square root, whose range is
@@ -138,6 +141,7 @@ class Snapshotter:
     def _reset_chain(self) -> None:
         self._key_seq: int | None = None
         self._key_raw: dict[str, np.ndarray] = {}  # stored bytes of the keyframe
+        self._key_lengths: dict[str, list[int]] = {}  # its encoded chunk sizes
         self._key_bytes = 0
         self._latest: dict[str, list[ChunkRecord]] = {}  # where each chunk's bytes live now
         self._since_keyframe = 0
@@ -326,6 +330,7 @@ class Snapshotter:
         offset = 0
         records: list[TensorRecord] = []
         key_raw: dict[str, np.ndarray] = {}
+        key_lengths: dict[str, list[int]] = {}
         latest: dict[str, list[ChunkRecord]] = {}
         for stored, record in self._stored_entries(arrays):
             name = record.name
@@ -344,9 +349,16 @@ class Snapshotter:
                     continue
                 key_chunk = None if key is None else key[start:end]
                 encoded = self._codec.encode(piece, key_chunk, itemsize)
+                mode = "key" if key_chunk is None else "xor"
+                key_sizes = self._key_lengths.get(name, [])
+                if (mode == "xor" and index < len(key_sizes)
+                        and len(encoded) > self.config.xor_worth_ratio * key_sizes[index]):
+                    # XOR barely helps (e.g. lossless Adam moments): storing the chunk on
+                    # its own costs a little size and halves what a restore decodes
+                    encoded = self._codec.encode(piece, None, itemsize)
+                    mode = "key"
                 record.chunks.append(ChunkRecord(
-                    end - start, digest, offset, len(encoded),
-                    "key" if key_chunk is None else "xor", seq,
+                    end - start, digest, offset, len(encoded), mode, seq,
                 ))
                 pieces.append(encoded)
                 offset += len(encoded)
@@ -354,6 +366,7 @@ class Snapshotter:
             latest[name] = record.chunks
             if keyframe:
                 key_raw[name] = raw.copy()
+                key_lengths[name] = [chunk.length for chunk in record.chunks]
         pack_hash = hashlib.blake2b(digest_size=16)
         for piece in pieces:
             pack_hash.update(piece)
@@ -371,6 +384,7 @@ class Snapshotter:
         if keyframe:
             self._key_seq = seq
             self._key_raw = key_raw
+            self._key_lengths = key_lengths
             self._key_bytes = offset
             self._since_keyframe = 1
             self._delta_bytes_since_key = 0

@@ -85,7 +85,7 @@ def test_corrupt_newest_link_or_keyframe_falls_back(tmp_path: Path) -> None:
     keyframe.write_bytes(bytes(data))
     state = restore(tmp_path, restore_rng=False)
     assert state.seq == 2  # the segment before, intact
-    assert {seq for seq, _ in state.report.corrupt} == {3}
+    assert {seq for seq, _ in state.report.corrupt} == {3, 4}
 
 
 def test_unchanged_chunks_are_references_not_bytes(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_unchanged_chunks_are_references_not_bytes(tmp_path: Path) -> None:
     trained = next(t for t in last.tensors if t.name == "model.2.weight")
     assert {chunk.stored_in for chunk in frozen.chunks} == {0}
     assert {chunk.stored_in for chunk in trained.chunks} == {2}
-    assert {chunk.mode for chunk in trained.chunks} == {"xor"}
+    assert {chunk.mode for chunk in trained.chunks} <= {"xor", "key"}
     restored, _ = _model_and_optimizer(seed=3)
     restore(tmp_path, restored, restore_rng=False)
     assert torch.equal(restored[0].weight, model[0].weight)
@@ -163,6 +163,20 @@ def test_quantised_adam_moments_restore_within_bounds_and_keep_training(tmp_path
             state.max_abs_error[f"optim.{index}.exp_avg"] + 1e-7)
     _train_step(fresh, fresh_optimizer)
     assert all(torch.isfinite(p).all() for p in fresh.parameters())
+
+
+def test_delta_chunks_are_xored_when_that_pays_and_stored_alone_when_not(
+        tmp_path: Path) -> None:
+    model, _, _ = _snapshot_chain(tmp_path, 3, xor_worth_ratio=1e9)  # XOR always accepted
+    assert {c.mode for t in read_manifest(tmp_path, 2).tensors for c in t.chunks
+            if c.stored_in == 2} == {"xor"}
+    state = restore(tmp_path, restore_rng=False)
+    assert state.seq == 2
+    assert all(torch.equal(state.model_state()[k], v) for k, v in model.state_dict().items())
+    other = tmp_path / "never"
+    _snapshot_chain(other, 3, xor_worth_ratio=0.0)  # XOR never worth it
+    assert {c.mode for t in read_manifest(other, 2).tensors for c in t.chunks} == {"key"}
+    assert restore(other, restore_rng=False).seq == 2
 
 
 def test_snapshot_bench_reports_every_field(tmp_path: Path) -> None:
