@@ -39,7 +39,7 @@ from dsec.actuators.desired_state import (
     WorkerKey,
     worker_key,
 )
-from dsec.actuators.gate import CommandGate
+from dsec.actuators.gate import CommandGate, out_of_bounds_result
 from dsec.actuators.snapshot_store import write_atomically
 from dsec.schemas import (
     ActuationCommand,
@@ -225,21 +225,12 @@ class NodeActuator:
     def _reject_undecodable(self, value: bytes | None, reason: str) -> None:
         """An out-of-bounds or malformed command is reported when it names this node."""
         self.counters.undecodable += 1
-        try:
-            raw = orjson.loads(value or b"")
-            target = WorkerIdentity.model_validate(raw["target"])
-            actuation_id = str(raw["actuation_id"])[:64]
-            kind = str(raw.get("action", {}).get("kind", ""))[:32]
-        except (orjson.JSONDecodeError, ValidationError, KeyError, TypeError, AttributeError):
+        result = out_of_bounds_result(value, reason)
+        if result is None:
             log.warning("dsec node actuator: undecodable command: %s", reason)
             return
-        if target.node_id != self.config.node_id or not actuation_id:
-            return
-        result = ActuationResult(
-            actuation_id=actuation_id, identity=target, action_kind=kind,
-            status=ActuationStatus.REJECTED, detail=f"out of bounds: {reason}"[:2048],
-        )
-        self._send_result(result)
+        if result.identity.node_id == self.config.node_id:
+            self._send_result(result)
 
     # --- channel side ------------------------------------------------------------
 

@@ -77,20 +77,20 @@ class Node:
 
     def command(self, worker_id: str, action, *, sign_with: bytes | None = None,
                 event_time_ms: int | None = None, ttl_ms: int = 60_000,
-                actuation_id: str | None = None) -> ActuationCommand:
+                actuation_id: str | None = None, node_id: str = NODE) -> ActuationCommand:
         at = event_time_ms if event_time_ms is not None else now_ms()
         command = ActuationCommand(
             actuation_id=actuation_id or new_event_id(), event_time_ms=at,
             expires_at_ms=at + ttl_ms,
             target=WorkerIdentity(job_id=self.settings.job_id, worker_id=worker_id,
-                                  node_id=NODE),
+                                  node_id=node_id),
             policy_name="test", policy_version=1, action=action,
         )
         return sign(command, sign_with or self.settings.signing_key_bytes())
 
-    def send(self, command: ActuationCommand | bytes) -> None:
+    def send(self, command: ActuationCommand | bytes, node_id: str = NODE) -> None:
         value = command if isinstance(command, bytes) else encode(command)
-        self.producer.produce(self.topics.actuations, key=NODE.encode(), value=value)
+        self.producer.produce(self.topics.actuations, key=node_id.encode(), value=value)
         self.producer.flush(10)
 
     def poll_results(self) -> list[ActuationResult]:
@@ -340,3 +340,41 @@ def test_dsec_actuator_command_serves_the_socket_until_signalled(settings) -> No
             process.kill()
             process.wait(10)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> None:
+    ensure_topics(settings, partitions=2)
+    settings = settings.model_copy(update={"actuator_channel": "kafka"})
+    kafka = Node(settings)  # producer and results reader only: no daemon started
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    runtime = dsec.init(worker_id="w-solo", node_id="node-solo", optimizer=optimizer,
+                        settings=settings)
+    try:
+        assert runtime.actuator is not None and runtime.channel is None
+        applied = kafka.command("w-solo", GradAccumulationParams(steps=2), node_id="node-solo")
+        older = kafka.command("w-solo", GradAccumulationParams(steps=8), node_id="node-solo",
+                              event_time_ms=applied.event_time_ms - 1_000)
+        bad = orjson.loads(encode(kafka.command("w-solo", SamplerParams(paused=True),
+                                                node_id="node-solo")))
+        bad["action"] = {"kind": "grad_accumulation", "steps": 1000}
+        for command in (applied, older):
+            kafka.send(command, node_id="node-solo")
+        kafka.send(orjson.dumps(bad), node_id="node-solo")
+
+        def answered() -> bool:
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            return len(kafka.poll_results()) >= 3
+
+        wait_for(answered, 30, what="three results")
+        statuses = {r.actuation_id: (r.status.value, r.detail) for r in kafka.results}
+        assert statuses[applied.actuation_id][0] == "applied"
+        assert statuses[older.actuation_id][0] == "stale"
+        assert statuses[bad["actuation_id"]][0] == "rejected"
+        assert "out of bounds" in statuses[bad["actuation_id"]][1]
+        assert dsec.controls().grad_accumulation.steps == 2
+    finally:
+        dsec.shutdown()
+        kafka.results_consumer.close()
