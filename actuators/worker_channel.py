@@ -38,6 +38,7 @@ class WorkerChannel:
         hooks: ApplyHooks,
         reconnect_interval_s: float = 0.5,
         remember: int = 10_000,
+        max_unsent: int = 1_000,
     ) -> None:
         self.identity = identity
         self.path = path
@@ -45,6 +46,8 @@ class WorkerChannel:
         self._reconnect_interval_s = reconnect_interval_s
         self._inbox: queue.SimpleQueue[Apply] = queue.SimpleQueue()
         self._unsent: list[Answer] = []
+        self._max_unsent = max_unsent
+        self.answers_dropped = 0
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self._sock: socket.socket | None = None
@@ -124,12 +127,19 @@ class WorkerChannel:
         with self._send_lock:
             sock = self._sock
             if sock is None:
-                self._unsent.append(answer)
+                self._keep_unsent(answer)
                 return
             try:
                 sock.sendall(encode_frame(answer))
             except OSError:
-                self._unsent.append(answer)
+                self._keep_unsent(answer)
+
+    def _keep_unsent(self, answer: Answer) -> None:
+        """Held for the next registration; the oldest go first when the daemon stays away."""
+        self._unsent.append(answer)
+        if len(self._unsent) > self._max_unsent:
+            del self._unsent[0]
+            self.answers_dropped += 1
 
     def stop(self) -> None:
         self._stop.set()
