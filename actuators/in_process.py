@@ -147,7 +147,7 @@ class InProcessActuator:
                          f"(t={verdict.newer_time_ms}) is already in force")
             return
         try:
-            detail = self.hooks.apply(command.action)
+            detail = self.hooks.apply(command.action, command.actuation_id)
         except Exception as exc:  # the hook's failure is reported, never raised into training
             self._report(command, ActuationStatus.FAILED, f"{type(exc).__name__}: {exc}")
             return

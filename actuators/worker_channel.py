@@ -115,7 +115,7 @@ class WorkerChannel:
         if len(self._seen) > self._remember:
             self._seen.popitem(last=False)
         try:
-            detail = self.hooks.apply(frame.action)
+            detail = self.hooks.apply(frame.action, frame.actuation_id)
             status = ActuationStatus.APPLIED
         except Exception as exc:  # reported, never raised into training
             detail, status = f"{type(exc).__name__}: {exc}", ActuationStatus.FAILED

@@ -17,7 +17,14 @@ from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters
 from dsec.kafka_clients import consumer_config, producer_config
-from dsec.schemas import ActionKind, WorkerIdentity, topic_names
+from dsec.schemas import (
+    ActionKind,
+    ActuationResult,
+    ActuationStatus,
+    WorkerIdentity,
+    encode,
+    topic_names,
+)
 from dsec.settings import DsecSettings
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,7 @@ class WorkerRuntime:
         )
         self.identity = identity
         self.settings = settings
+        self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.hooks = ApplyHooks()
         self.controls = WorkerControls(snapshot=SnapshotTrigger(lambda: self.probe.global_step))
@@ -97,14 +105,24 @@ class WorkerRuntime:
         self._memory_checks += 1
         if self._memory_checks % MEMORY_CHECK_EVERY_STEPS:
             return
-        over_bytes = self.controls.memory_cap.check()
+        cap = self.controls.memory_cap
+        over_bytes = cap.check()
         now_s = time.monotonic()
-        if over_bytes and now_s - self._memory_warned_s >= MEMORY_WARNING_INTERVAL_S:
-            self._memory_warned_s = now_s
-            log.warning("dsec: worker %s is %d bytes over its memory budget of %d bytes "
-                        "(%d violations)", self.identity.worker_id, over_bytes,
-                        self.controls.memory_cap.limit_bytes,
-                        self.controls.memory_cap.violations)
+        if not over_bytes or now_s - self._memory_warned_s < MEMORY_WARNING_INTERVAL_S:
+            return
+        self._memory_warned_s = now_s
+        detail = (f"soft memory budget exceeded: {over_bytes} bytes over {cap.limit_bytes} "
+                  f"({cap.violations} violations)")
+        log.warning("dsec: worker %s %s", self.identity.worker_id, detail)
+        actuation_id = self.hooks.in_force.get(ActionKind.MEMORY_CAP)
+        if actuation_id is not None:  # on the audit trail of the cap that is not holding
+            result = ActuationResult(
+                actuation_id=actuation_id, identity=self.identity,
+                action_kind=ActionKind.MEMORY_CAP.value, status=ActuationStatus.FAILED,
+                detail=detail,
+            )
+            self.probe.publish(self._results_topic, self.identity.node_id.encode(),
+                               encode(result))
 
     def enable_snapshots(
         self,

@@ -358,7 +358,10 @@ def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> N
         bad = orjson.loads(encode(kafka.command("w-solo", SamplerParams(paused=True),
                                                 node_id="node-solo")))
         bad["action"] = {"kind": "grad_accumulation", "steps": 1000}
-        for command in (applied, older):
+        # far below what a process with torch loaded holds: the soft budget is violated
+        cap = kafka.command("w-solo", MemoryCapParams(limit_bytes=256 << 20),
+                            node_id="node-solo")
+        for command in (applied, older, cap):
             kafka.send(command, node_id="node-solo")
         kafka.send(orjson.dumps(bad), node_id="node-solo")
 
@@ -366,9 +369,14 @@ def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> N
             optimizer.zero_grad()
             model(torch.randn(2, 4)).sum().backward()
             optimizer.step()
-            return len(kafka.poll_results()) >= 3
+            return len(kafka.poll_results()) >= 5
 
-        wait_for(answered, 30, what="three results")
+        wait_for(answered, 60, interval_s=0.01, what="five results")
+        cap_results = [(r.status.value, r.detail) for r in kafka.results
+                       if r.actuation_id == cap.actuation_id]
+        assert cap_results[0][0] == "applied" and "soft budget" in cap_results[0][1]
+        assert cap_results[1][0] == "failed" and "budget exceeded" in cap_results[1][1]
+        assert dsec.controls().memory_cap.violations >= 1
         statuses = {r.actuation_id: (r.status.value, r.detail) for r in kafka.results}
         assert statuses[applied.actuation_id][0] == "applied"
         assert statuses[older.actuation_id][0] == "stale"
