@@ -4,8 +4,12 @@
 tensor into reusable host buffers on a background thread, so the copy overlaps
 the next forward and backward; ``wait_copied()`` (an optimizer step pre-hook)
 holds the next optimizer step until the copy is done. Chunking, hashing, XOR
-against the previous snapshot, compression and the atomic write all happen on
+against the keyframe, compression and the atomic write all happen on
 that background thread.
+
+The state captured is consistent as long as parameters and optimizer state change
+only inside ``optimizer.step()`` (the hooked step); a loop that edits parameters in
+place elsewhere should call ``wait_copied()`` first.
 """
 
 from __future__ import annotations

@@ -39,6 +39,22 @@ def default_worker_id() -> str:
     return f"{host}-rank{rank}" if rank is not None else f"{host}-{os.getpid()}"
 
 
+def _listening(path: os.PathLike[str]) -> bool:
+    """Whether a node actuator answers on ``path`` (a socket file left by a crashed
+    daemon does not count)."""
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class WorkerRuntime:
     def __init__(
         self,
@@ -73,7 +89,7 @@ class WorkerRuntime:
         self.probe.add_step_callback(self._check_memory_budget)
         node_socket = socket_path(settings.run_directory(), identity.node_id)
         use_node = settings.actuator_channel == "node" or (
-            settings.actuator_channel == "auto" and node_socket.exists()
+            settings.actuator_channel == "auto" and _listening(node_socket)
         )
         if actuate and use_node:
             self.channel = WorkerChannel(identity, node_socket, self.hooks)

@@ -80,3 +80,18 @@ def test_desired_state_orders_supersedes_and_replays() -> None:
     assert [c.actuation_id for c in book.desired(key)] == ["second-0"]  # snapshots are events
     book.forget_one_shots(key)
     assert [c.actuation_id for c in book.commands()] == ["second-0"]
+
+
+def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:
+    import tempfile
+
+    from dsec.runtime import _listening
+
+    path = Path(tempfile.mkdtemp(prefix="dsec-t-")) / "a.sock"
+    assert not _listening(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    assert _listening(path)
+    server.close()  # the file stays, as after a crash
+    assert path.exists() and not _listening(path)
