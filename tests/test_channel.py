@@ -95,3 +95,5 @@ def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:
     assert _listening(path)
     server.close()  # the file stays, as after a crash
     assert path.exists() and not _listening(path)
+    path.unlink()
+    path.parent.rmdir()
