@@ -386,3 +386,27 @@ def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> N
     finally:
         dsec.shutdown()
         kafka.results_consumer.close()
+
+
+def test_restarted_daemon_keeps_desired_state_and_workers_reconnect(node) -> None:
+    from dsec.actuators import ApplyHooks, WorkerChannel
+
+    controls, hooks = dsec.WorkerControls(), ApplyHooks()
+    controls.register(hooks)
+    worker = WorkerChannel(
+        WorkerIdentity(job_id=node.settings.job_id, worker_id="w-keep", node_id=NODE),
+        node.daemon.socket_path, hooks, reconnect_interval_s=0.2).start()
+    try:
+        command = node.command("w-keep", GradCompressionParams(bits=8))
+        node.send(command)
+        wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
+                 what="the command applied")
+        node.daemon.stop()
+        controls.grad_compression.bits = 32  # as if the worker had lost it meanwhile
+        node.daemon = NodeActuator(node.daemon.config, node.daemon._consumer_config,
+                                   node._publish).start()
+        wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
+                 what="the desired state from the restarted daemon")
+        assert worker.registrations == 2
+    finally:
+        worker.stop()
