@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ from dsec.schemas import (
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
+
+SEND_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,13 @@ class NodeActuator:
                     log.exception("dsec node actuator: accept failed")
                 return
             sock.settimeout(None)
+            if not _same_user(sock):
+                log.warning("dsec node actuator: refused a connection from another user")
+                sock.close()
+                continue
+            # a worker that stops reading must not hold the node (sends happen under a lock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", SEND_TIMEOUT_S, 0))
             thread = threading.Thread(target=self._serve, args=(sock,),
                                       name="dsec-node-worker", daemon=True)
             thread.start()
@@ -266,6 +276,8 @@ class NodeActuator:
         except (ChannelError, OSError) as exc:
             if not self._stop.is_set():
                 log.info("dsec node actuator: worker channel closed: %s", exc)
+        except Exception:
+            log.exception("dsec node actuator: worker channel failed")
         finally:
             if connection is not None:
                 with self._lock:
@@ -359,6 +371,17 @@ class NodeActuator:
             self._gate.check(command, command.event_time_ms)  # remembered as seen
             self._book.accept(command)
             self._book.mark_delivered(worker_key(command), command.actuation_id)
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """The peer runs as this user (Linux ``SO_PEERCRED``; elsewhere the 0600 socket and
+    0700 run directory are the whole check)."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return True
+    credentials = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return uid == os.getuid()
 
 
 def _apply_frame(command: ActuationCommand, replay: bool) -> Apply:
