@@ -13,6 +13,7 @@ class CudaMemoryApi(Protocol):
     """The slice of ``torch.cuda`` a memory cap needs (a seam for hosts without a GPU)."""
 
     def is_available(self) -> bool: ...
+    def current_device(self) -> int: ...
     def total_bytes(self, device: int) -> int: ...
     def set_fraction(self, fraction: float, device: int) -> None: ...
 
@@ -22,6 +23,11 @@ class TorchCudaMemory:
         import torch
 
         return torch.cuda.is_available()
+
+    def current_device(self) -> int:
+        import torch
+
+        return int(torch.cuda.current_device())
 
     def total_bytes(self, device: int) -> int:
         import torch
@@ -49,7 +55,7 @@ class MemoryCap:
     def __init__(
         self,
         cuda: CudaMemoryApi | None = None,
-        device: int = 0,
+        device: int | None = None,  # None: the current CUDA device when the cap is applied
         used_bytes: Callable[[], int] = process_rss_bytes,
     ) -> None:
         self._cuda = cuda if cuda is not None else TorchCudaMemory()
@@ -63,11 +69,12 @@ class MemoryCap:
     def apply(self, params: MemoryCapParams) -> str:
         self.limit_bytes = params.limit_bytes
         if self._cuda.is_available():
-            total = self._cuda.total_bytes(self._device)
+            device = self._device if self._device is not None else self._cuda.current_device()
+            total = self._cuda.total_bytes(device)
             fraction = min(1.0, params.limit_bytes / total)
-            self._cuda.set_fraction(fraction, self._device)
+            self._cuda.set_fraction(fraction, device)
             self.enforced_on_gpu = True
-            return f"cuda:{self._device} capped at {fraction:.3f} of {total} bytes"
+            return f"cuda:{device} capped at {fraction:.3f} of {total} bytes"
         self.enforced_on_gpu = False
         return f"soft budget {params.limit_bytes} bytes (no GPU)"
 

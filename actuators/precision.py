@@ -10,6 +10,12 @@ from dsec.schemas.actuations import PrecisionParams
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
 
+def default_device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _torch_dtype(name: str) -> Any:
     import torch
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from dsec.actuators import ApplyHooks, InProcessActuator
 from dsec.actuators.channel import socket_path
+from dsec.actuators.precision import AutocastController, default_device_type
 from dsec.actuators.snapshot_trigger import SnapshotTrigger
 from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
@@ -80,7 +81,10 @@ class WorkerRuntime:
         self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.hooks = ApplyHooks()
-        self.controls = WorkerControls(snapshot=SnapshotTrigger(lambda: self.probe.global_step))
+        self.controls = WorkerControls(
+            precision=AutocastController(default_device_type()),
+            snapshot=SnapshotTrigger(lambda: self.probe.global_step),
+        )
         self.controls.register(self.hooks)
         self.actuator: InProcessActuator | None = None
         self.channel: WorkerChannel | None = None
