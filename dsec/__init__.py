@@ -137,12 +137,14 @@ def enable_snapshots(
     *,
     directory: str | None = None,
     quantise_weights: bool = False,
+    quantise_optimizer: bool = False,
     extra_state: Callable[[], dict[str, Any]] | None = None,
 ) -> Any:
     """Lets snapshot commands snapshot ``model`` and ``optimizer`` (plus ``extra_state()``,
     e.g. episode-buffer head and replay-buffer metadata hash); returns the snapshotter."""
     return current().enable_snapshots(model, optimizer, directory=directory,
                                       quantise_weights=quantise_weights,
+                                      quantise_optimizer=quantise_optimizer,
                                       extra_state=extra_state)
 
 

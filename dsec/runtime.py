@@ -121,7 +121,8 @@ class WorkerRuntime:
         return self
 
     def _check_memory_budget(self) -> None:
-        """The CPU soft budget is enforced by reporting: a violation is counted and logged."""
+        """The CPU soft budget is enforced by reporting: a violation is counted, logged and
+        published as a failed result of the cap in force, at most once a minute."""
         self._memory_checks += 1
         if self._memory_checks % MEMORY_CHECK_EVERY_STEPS:
             return
@@ -151,11 +152,13 @@ class WorkerRuntime:
         *,
         directory: str | None = None,
         quantise_weights: bool = False,
+        quantise_optimizer: bool = False,
         extra_state: Callable[[], dict[str, Any]] | None = None,
     ) -> Snapshotter:
         snapshotter = Snapshotter(model, optimizer, SnapshotConfig(
             directory=directory or self.settings.snapshot_location(),
             quantise_weights=quantise_weights,
+            quantise_optimizer=quantise_optimizer,
         ))
         self.controls.snapshot.attach(snapshotter, extra_state)
         return snapshotter
