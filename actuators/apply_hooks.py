@@ -19,6 +19,7 @@ class NoApplyHookError(LookupError):
 class ApplyHooks:
     def __init__(self) -> None:
         self._hooks: dict[ActionKind, ApplyHook] = {}
+        self.in_force: dict[ActionKind, str] = {}  # kind -> actuation id last applied
 
     def register(self, kind: ActionKind | str, hook: ApplyHook) -> None:
         self._hooks[ActionKind(kind)] = hook
@@ -26,9 +27,12 @@ class ApplyHooks:
     def kinds(self) -> frozenset[ActionKind]:
         return frozenset(self._hooks)
 
-    def apply(self, params: Model) -> str:
+    def apply(self, params: Model, actuation_id: str | None = None) -> str:
         kind = ActionKind(params.kind)  # type: ignore[attr-defined]
         hook = self._hooks.get(kind)
         if hook is None:
             raise NoApplyHookError(kind)
-        return hook(params) or ""
+        detail = hook(params) or ""
+        if actuation_id is not None:
+            self.in_force[kind] = actuation_id
+        return detail

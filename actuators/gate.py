@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from dsec.schemas import ActuationCommand, ActuationStatus, SignatureError, WorkerIdentity, verify
+import orjson
+from pydantic import ValidationError
+
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    ActuationStatus,
+    SignatureError,
+    WorkerIdentity,
+    verify,
+)
 
 
 @dataclass(frozen=True)
@@ -19,7 +29,7 @@ class CommandGate:
     """Checks addressing, signature, expiry and duplicates (idempotent by actuation id)."""
 
     def __init__(
-        self, identity: WorkerIdentity, signing_key: bytes, remember: int = 10_000
+        self, identity: WorkerIdentity | None, signing_key: bytes, remember: int = 10_000
     ) -> None:
         self._identity = identity
         self._key = signing_key
@@ -27,6 +37,9 @@ class CommandGate:
         self._remember = remember
 
     def addressed_here(self, command: ActuationCommand) -> bool:
+        """For a gate of one worker; a node's gate (no identity) checks the node itself."""
+        if self._identity is None:
+            return False
         target = command.target
         return (
             target.node_id == self._identity.node_id
@@ -50,3 +63,22 @@ class CommandGate:
                 ActuationStatus.STALE, f"expired {now_ms - command.expires_at_ms} ms ago"
             )
         return None
+
+
+def out_of_bounds_result(value: bytes | None, reason: str) -> ActuationResult | None:
+    """The rejection to report for a command that failed validation (e.g. a parameter out
+    of bounds), when its envelope still names a target; None when it does not."""
+    try:
+        raw = orjson.loads(value or b"")
+        target = WorkerIdentity.model_validate(raw["target"])
+        actuation_id = str(raw["actuation_id"])[:64]
+        action = raw.get("action")
+        kind = str(action.get("kind", ""))[:32] if isinstance(action, dict) else ""
+    except (orjson.JSONDecodeError, ValidationError, KeyError, TypeError):
+        return None
+    if not actuation_id:
+        return None
+    return ActuationResult(
+        actuation_id=actuation_id, identity=target, action_kind=kind,
+        status=ActuationStatus.REJECTED, detail=f"out of bounds: {reason}"[:2048],
+    )

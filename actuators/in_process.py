@@ -13,10 +13,11 @@ import queue
 import threading
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dsec.actuators.apply_hooks import ApplyHooks
-from dsec.actuators.gate import CommandGate
+from dsec.actuators.desired_state import DesiredStateBook, OutOfOrder
+from dsec.actuators.gate import CommandGate, out_of_bounds_result
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -50,6 +51,7 @@ class InProcessActuator:
         self._actuations_topic = actuations_topic
         self._results_topic = results_topic
         self._gate = CommandGate(identity, signing_key)
+        self._order = DesiredStateBook()  # rejects a command older than the one in force
         self._publish = publish
         self._inbox: queue.SimpleQueue[ActuationCommand] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -76,10 +78,21 @@ class InProcessActuator:
             assignment.append(TopicPartition(self._actuations_topic, partition, high))
         consumer.assign(assignment)
 
+    def _assign_with_retries(self, consumer: Consumer, attempts: int = 20) -> None:
+        """A topic created moments ago may have no partition leader yet: retry a while."""
+        for attempt in range(attempts):
+            try:
+                self._assign_from_end(consumer)
+                return
+            except KafkaException as exc:
+                if attempt == attempts - 1 or self._stop.wait(0.5):
+                    raise
+                log.info("dsec actuator: assignment retried: %s", exc)
+
     def _run(self) -> None:
         consumer = Consumer(self._consumer_config)
         try:
-            self._assign_from_end(consumer)
+            self._assign_with_retries(consumer)
             self._ready.set()
             while not self._stop.is_set():
                 message = consumer.poll(0.2)
@@ -101,7 +114,11 @@ class InProcessActuator:
             command = decode(value, ActuationCommand)
         except DecodeError as exc:
             self.undecodable += 1
-            log.warning("dsec actuator: undecodable command: %s", exc.reason)
+            rejection = out_of_bounds_result(value, exc.reason)
+            if rejection is not None and rejection.identity == self.identity:
+                self._send(rejection)
+            else:
+                log.warning("dsec actuator: undecodable command: %s", exc.reason)
             return
         if self._gate.addressed_here(command):
             self._inbox.put(command)
@@ -123,23 +140,31 @@ class InProcessActuator:
             if not rejection.duplicate:
                 self._report(command, rejection.status, rejection.detail)
             return
+        verdict = self._order.accept(command)
+        if isinstance(verdict, OutOfOrder):
+            self._report(command, ActuationStatus.STALE,
+                         f"out of order: a newer {command.action.kind.value} command "
+                         f"(t={verdict.newer_time_ms}) is already in force")
+            return
         try:
-            detail = self.hooks.apply(command.action)
+            detail = self.hooks.apply(command.action, command.actuation_id)
         except Exception as exc:  # the hook's failure is reported, never raised into training
             self._report(command, ActuationStatus.FAILED, f"{type(exc).__name__}: {exc}")
             return
         self._report(command, ActuationStatus.APPLIED, detail)
 
     def _report(self, command: ActuationCommand, status: ActuationStatus, detail: str) -> None:
-        self.results[status] += 1
-        result = ActuationResult(
+        self._send(ActuationResult(
             actuation_id=command.actuation_id,
             identity=self.identity,
             action_kind=command.action.kind.value,
             status=status,
             detail=detail[:2048],
             command_time_ms=command.event_time_ms,
-        )
+        ))
+
+    def _send(self, result: ActuationResult) -> None:
+        self.results[result.status] += 1
         self._publish(self._results_topic, self.identity.node_id.encode(), encode(result))
 
     def stop(self) -> None:

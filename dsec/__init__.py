@@ -5,6 +5,10 @@ Three lines in a training script::
     dsec.init(bootstrap="127.0.0.1:9092", worker_id="w0", optimizer=opt)
     dsec.report_episode_end(reward, length)
     dsec.shutdown()
+
+and, for the actions that change the loop: ``with dsec.autocast():`` around the
+forward pass, ``dsec.controls()`` for the rest, ``dsec.enable_snapshots(model, opt)``
+and ``dsec.restore(location, model, opt)``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dsec.actuators.restore import RestoredState
+from dsec.actuators.restore import restore as _restore
+from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import ProbeConfig, ProbeCounters
 from dsec.runtime import WorkerRuntime, default_worker_id
 from dsec.schemas import ActionKind, WorkerIdentity
@@ -20,12 +27,18 @@ from dsec.settings import DsecSettings
 __all__ = [
     "ActionKind",
     "ProbeCounters",
+    "RestoredState",
+    "WorkerControls",
     "WorkerRuntime",
+    "autocast",
+    "controls",
     "current",
+    "enable_snapshots",
     "init",
     "on_action",
     "report_episode_end",
     "report_step",
+    "restore",
     "shutdown",
 ]
 
@@ -104,6 +117,46 @@ def on_action(kind: ActionKind | str) -> Callable[[Callable[[Any], str | None]],
         return hook
 
     return register
+
+
+def controls() -> WorkerControls:
+    """What the actuator can change in this worker: memory budget, precision, gradient
+    compression and accumulation, sampler gate, sync priority, snapshot trigger."""
+    return current().controls
+
+
+def autocast() -> Any:
+    """``with dsec.autocast():`` around the forward pass; the actuator switches its dtype
+    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps."""
+    return current().controls.precision()
+
+
+def enable_snapshots(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    directory: str | None = None,
+    quantise_weights: bool = False,
+    quantise_optimizer: bool = False,
+    extra_state: Callable[[], dict[str, Any]] | None = None,
+) -> Any:
+    """Lets snapshot commands snapshot ``model`` and ``optimizer`` (plus ``extra_state()``,
+    e.g. episode-buffer head and replay-buffer metadata hash); returns the snapshotter."""
+    return current().enable_snapshots(model, optimizer, directory=directory,
+                                      quantise_weights=quantise_weights,
+                                      quantise_optimizer=quantise_optimizer,
+                                      extra_state=extra_state)
+
+
+def restore(
+    location: str | None = None, model: Any = None, optimizer: Any = None,
+    *, restore_rng: bool = True,
+) -> RestoredState:
+    """Rebuilds state from the newest verified snapshot in ``location`` (default: this
+    worker's snapshot directory) into ``model`` and ``optimizer``."""
+    if location is None:
+        location = current().settings.snapshot_location()
+    return _restore(location, model, optimizer, restore_rng=restore_rng)
 
 
 def shutdown() -> ProbeCounters | None:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.actuator_cli import actuator_command
 from dsec.bench.cli import bench_app
 from dsec.settings import DsecSettings
 
@@ -22,6 +23,7 @@ kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker.")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
+app.command("actuator")(actuator_command)
 console = Console()
 err_console = Console(stderr=True)
 

@@ -2,22 +2,58 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
 from dsec.actuators import ApplyHooks, InProcessActuator
+from dsec.actuators.channel import socket_path
+from dsec.actuators.precision import AutocastController, default_device_type
+from dsec.actuators.snapshot_trigger import SnapshotTrigger
+from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
+from dsec.actuators.worker_channel import WorkerChannel
+from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters
 from dsec.kafka_clients import consumer_config, producer_config
-from dsec.schemas import ActionKind, WorkerIdentity, topic_names
+from dsec.schemas import (
+    ActionKind,
+    ActuationResult,
+    ActuationStatus,
+    WorkerIdentity,
+    encode,
+    topic_names,
+)
 from dsec.settings import DsecSettings
+
+log = logging.getLogger(__name__)
+
+MEMORY_CHECK_EVERY_STEPS = 50
+MEMORY_WARNING_INTERVAL_S = 60.0
 
 
 def default_worker_id() -> str:
     rank = os.environ.get("RANK")
     host = socket.gethostname()
     return f"{host}-rank{rank}" if rank is not None else f"{host}-{os.getpid()}"
+
+
+def _listening(path: os.PathLike[str]) -> bool:
+    """Whether a node actuator answers on ``path`` (a socket file left by a crashed
+    daemon does not count)."""
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 class WorkerRuntime:
@@ -41,10 +77,28 @@ class WorkerRuntime:
             )
         )
         self.identity = identity
+        self.settings = settings
+        self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.hooks = ApplyHooks()
+        self.controls = WorkerControls(
+            precision=AutocastController(default_device_type()),
+            snapshot=SnapshotTrigger(lambda: self.probe.global_step),
+        )
+        self.controls.register(self.hooks)
         self.actuator: InProcessActuator | None = None
-        if actuate:
+        self.channel: WorkerChannel | None = None
+        self._memory_checks = 0
+        self._memory_warned_s = float("-inf")
+        self.probe.add_step_callback(self._check_memory_budget)
+        node_socket = socket_path(settings.run_directory(), identity.node_id)
+        use_node = settings.actuator_channel == "node" or (
+            settings.actuator_channel == "auto" and _listening(node_socket)
+        )
+        if actuate and use_node:
+            self.channel = WorkerChannel(identity, node_socket, self.hooks)
+            self.probe.add_step_callback(self.channel.apply_pending)
+        elif actuate:
             self.actuator = InProcessActuator(
                 identity=identity,
                 consumer_config=consumer_config(
@@ -62,7 +116,52 @@ class WorkerRuntime:
         self.probe.start()
         if self.actuator is not None:
             self.actuator.start()
+        if self.channel is not None:
+            self.channel.start()
         return self
+
+    def _check_memory_budget(self) -> None:
+        """The CPU soft budget is enforced by reporting: a violation is counted, logged and
+        published as a failed result of the cap in force, at most once a minute."""
+        self._memory_checks += 1
+        if self._memory_checks % MEMORY_CHECK_EVERY_STEPS:
+            return
+        cap = self.controls.memory_cap
+        over_bytes = cap.check()
+        now_s = time.monotonic()
+        if not over_bytes or now_s - self._memory_warned_s < MEMORY_WARNING_INTERVAL_S:
+            return
+        self._memory_warned_s = now_s
+        detail = (f"soft memory budget exceeded: {over_bytes} bytes over {cap.limit_bytes} "
+                  f"({cap.violations} violations)")
+        log.warning("dsec: worker %s %s", self.identity.worker_id, detail)
+        actuation_id = self.hooks.in_force.get(ActionKind.MEMORY_CAP)
+        if actuation_id is not None:  # on the audit trail of the cap that is not holding
+            result = ActuationResult(
+                actuation_id=actuation_id, identity=self.identity,
+                action_kind=ActionKind.MEMORY_CAP.value, status=ActuationStatus.FAILED,
+                detail=detail,
+            )
+            self.probe.publish(self._results_topic, self.identity.node_id.encode(),
+                               encode(result))
+
+    def enable_snapshots(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        directory: str | None = None,
+        quantise_weights: bool = False,
+        quantise_optimizer: bool = False,
+        extra_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> Snapshotter:
+        snapshotter = Snapshotter(model, optimizer, SnapshotConfig(
+            directory=directory or self.settings.snapshot_location(),
+            quantise_weights=quantise_weights,
+            quantise_optimizer=quantise_optimizer,
+        ))
+        self.controls.snapshot.attach(snapshotter, extra_state)
+        return snapshotter
 
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
@@ -71,4 +170,10 @@ class WorkerRuntime:
         if self.actuator is not None:
             self.actuator.apply_pending()
             self.actuator.stop()
+        if self.channel is not None:
+            self.channel.apply_pending()
+            self.channel.stop()
+        snapshotter = self.controls.snapshot.snapshotter
+        if snapshotter is not None:
+            snapshotter.close()
         return self.probe.shutdown()

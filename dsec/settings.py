@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +27,12 @@ class DsecSettings(BaseSettings):
     clickhouse_dsn: str | None = None
     clickhouse_ttl_days: int = Field(default=30, ge=1, le=3650)
     signing_key: SecretStr | None = None
+    # where node actuators put their sockets; owner-only (default: <tmp>/dsec-<uid>)
+    run_dir: Path | None = None
+    # how a worker receives commands: "node" (the node actuator's socket), "kafka" (its own
+    # consumer, no daemon), or "auto" (the socket when a node actuator is listening)
+    actuator_channel: Literal["auto", "node", "kafka"] = "auto"
+    snapshot_dir: str | None = None  # a path or file:// URL (default: <data_dir>/snapshots)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
@@ -40,6 +47,14 @@ class DsecSettings(BaseSettings):
         if self.clickhouse_dsn:
             return self.clickhouse_dsn
         return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    def run_directory(self) -> Path:
+        if self.run_dir is not None:
+            return self.run_dir
+        return Path(tempfile.gettempdir()) / f"dsec-{os.getuid()}"
+
+    def snapshot_location(self) -> str:
+        return self.snapshot_dir or str(self.data_dir / "snapshots")
 
     def signing_key_bytes(self) -> bytes:
         """The configured key, else this installation's key in the data folder (made once)."""

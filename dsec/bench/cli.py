@@ -38,3 +38,8 @@ def pipeline(
     options = PipelineBenchOptions(samples=samples, samples_per_message=samples_per_message,
                                    partitions=partitions)
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
+
+
+from dsec.bench.snapshot import snapshot_command  # noqa: E402
+
+bench_app.command("snapshot")(snapshot_command)

@@ -1,0 +1,110 @@
+"""Gradient compression bits, applied through a DDP communication hook.
+
+32 bits: plain all-reduce. 16: fp16 all-reduce. 8 and 4: each rank quantises its
+bucket (symmetric absmax, 4-bit values packed two to a byte), the ranks all-gather
+the packed bytes and scales, and every rank dequantises and averages: the bytes on
+the wire drop to a quarter or an eighth of fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsec.schemas.actuations import GradCompressionParams
+
+SCALE_BYTES = 4
+
+
+def quantise_levels(bits: int) -> int:
+    """Largest magnitude of a symmetric ``bits``-bit code: 127 for 8, 7 for 4."""
+    if bits not in (4, 8):
+        raise ValueError("quantised gradients take 4 or 8 bits")
+    return (1 << (bits - 1)) - 1
+
+
+def quantise_gradient(values: Any, bits: int) -> tuple[Any, Any]:
+    """(packed uint8 codes, float32 scale) for a flat float tensor."""
+    import torch
+
+    levels = quantise_levels(bits)
+    flat = values.detach().reshape(-1).float()
+    scale = flat.abs().max().clamp_min(torch.finfo(torch.float32).tiny) / levels
+    codes = torch.clamp(torch.round(flat / scale), -levels, levels).to(torch.int16) + levels
+    codes = codes.to(torch.uint8)
+    if bits == 4:
+        if codes.numel() % 2:
+            codes = torch.cat([codes, codes.new_full((1,), levels)])
+        codes = codes[0::2] | (codes[1::2] << 4)
+    return codes, scale.reshape(1)
+
+
+def dequantise_gradient(codes: Any, scale: Any, bits: int, numel: int) -> Any:
+    import torch
+
+    levels = quantise_levels(bits)
+    if bits == 4:
+        codes = torch.stack([codes & 0x0F, codes >> 4], dim=1).reshape(-1)
+    values = codes[:numel].to(torch.float32) - levels
+    return values * scale
+
+
+class GradCompression:
+    """Holds the bits the actuator sets; ``attach(ddp_model)`` installs the comm hook."""
+
+    def __init__(self, bits: int = 32) -> None:
+        self.bits = bits
+        self.buckets_sent = 0
+        self.wire_bytes = 0  # what this rank put on the wire, all buckets together
+        self.last_bits: int | None = None
+
+    def apply(self, params: GradCompressionParams) -> str:
+        previous, self.bits = self.bits, params.bits
+        return f"gradient compression {previous} -> {self.bits} bits"
+
+    def attach(self, ddp_model: Any) -> None:
+        # unannotated on purpose: DDP rejects a bucket annotation other than GradBucket,
+        # and postponed annotations arrive as strings
+        def comm_hook(state, bucket):  # type: ignore[no-untyped-def]
+            return self.hook(state, bucket)
+
+        ddp_model.register_comm_hook(None, comm_hook)
+
+    def hook(self, process_group: Any, bucket: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        group = process_group if process_group is not None else dist.group.WORLD
+        world = dist.get_world_size(group)
+        buffer = bucket.buffer()
+        bits = self.bits
+        self.last_bits = bits
+        self.buckets_sent += 1
+        if bits == 32:
+            self.wire_bytes += buffer.numel() * 4
+            buffer.div_(world)
+            future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+            return future.then(lambda done: done.value()[0])
+        if bits == 16:
+            half = buffer.to(torch.float16).div_(world)
+            self.wire_bytes += half.numel() * 2
+            future = dist.all_reduce(half, group=group, async_op=True).get_future()
+
+            def widen(done: Any) -> Any:
+                return buffer.copy_(done.value()[0])
+
+            return future.then(widen)
+        codes, scale = quantise_gradient(buffer, bits)
+        payload = torch.cat([codes, scale.view(torch.uint8)])
+        self.wire_bytes += payload.numel()
+        gathered = [torch.empty_like(payload) for _ in range(world)]
+        future = dist.all_gather(gathered, payload, group=group, async_op=True).get_future()
+        numel = buffer.numel()
+
+        def average(_done: Any) -> Any:
+            total = torch.zeros_like(buffer, dtype=torch.float32)
+            for part in gathered:
+                part_scale = part[-SCALE_BYTES:].clone().view(torch.float32)  # aligned copy
+                total += dequantise_gradient(part[:-SCALE_BYTES], part_scale, bits, numel)
+            return buffer.copy_(total.div_(world))
+
+        return future.then(average)

@@ -1,0 +1,158 @@
+"""The worker's end of the node channel: registers, queues commands, applies them at a
+step boundary on the training thread, and answers.
+
+A reader thread keeps (re)connecting to the node actuator's socket and registers
+each time, so a restarted daemon or worker finds the other again and the desired
+state flows back. Nothing here raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from dsec.actuators.apply_hooks import ApplyHooks
+from dsec.actuators.channel import (
+    Answer,
+    Apply,
+    ChannelError,
+    Register,
+    encode_frame,
+    read_frame,
+)
+from dsec.schemas import ActuationStatus, WorkerIdentity
+
+log = logging.getLogger(__name__)
+
+
+class WorkerChannel:
+    def __init__(
+        self,
+        identity: WorkerIdentity,
+        path: Path,
+        hooks: ApplyHooks,
+        reconnect_interval_s: float = 0.5,
+        remember: int = 10_000,
+        max_unsent: int = 1_000,
+    ) -> None:
+        self.identity = identity
+        self.path = path
+        self.hooks = hooks
+        self._reconnect_interval_s = reconnect_interval_s
+        self._inbox: queue.SimpleQueue[Apply] = queue.SimpleQueue()
+        self._unsent: list[Answer] = []
+        self._max_unsent = max_unsent
+        self.answers_dropped = 0
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._registered = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.registrations = 0
+        self.results: dict[ActuationStatus, int] = dict.fromkeys(ActuationStatus, 0)
+
+    def start(self, ready_timeout_s: float = 5.0) -> WorkerChannel:
+        self._thread = threading.Thread(target=self._run, name="dsec-worker-channel",
+                                        daemon=True)
+        self._thread.start()
+        if not self._registered.wait(ready_timeout_s):
+            log.warning("dsec: node actuator at %s not reachable yet; retrying", self.path)
+        return self
+
+    @property
+    def registered(self) -> bool:
+        return self._registered.is_set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self.path))
+                sock.sendall(encode_frame(Register(identity=self.identity, pid=_pid())))
+                with self._send_lock:
+                    self._sock = sock
+                    unsent, self._unsent = self._unsent, []
+                for answer in unsent:
+                    self._send(answer)
+                self.registrations += 1
+                self._registered.set()
+                while not self._stop.is_set():
+                    frame = read_frame(sock)
+                    if isinstance(frame, Apply):
+                        self._inbox.put(frame)
+            except (ChannelError, OSError) as exc:
+                if not self._stop.is_set():
+                    log.debug("dsec worker channel: %s", exc)
+            finally:
+                self._registered.clear()
+                with self._send_lock:
+                    self._sock = None
+                sock.close()
+            self._stop.wait(self._reconnect_interval_s)
+
+    def apply_pending(self) -> int:
+        """Applies queued commands; call on the training thread at a step boundary."""
+        handled = 0
+        while True:
+            try:
+                frame = self._inbox.get_nowait()
+            except queue.Empty:
+                return handled
+            handled += 1
+            self._apply(frame)
+
+    def _apply(self, frame: Apply) -> None:
+        if frame.actuation_id in self._seen and not frame.replay:
+            return  # idempotent: the daemon re-sent something already applied here
+        self._seen[frame.actuation_id] = None
+        if len(self._seen) > self._remember:
+            self._seen.popitem(last=False)
+        try:
+            detail = self.hooks.apply(frame.action, frame.actuation_id)
+            status = ActuationStatus.APPLIED
+        except Exception as exc:  # reported, never raised into training
+            detail, status = f"{type(exc).__name__}: {exc}", ActuationStatus.FAILED
+        self.results[status] += 1
+        self._send(Answer(actuation_id=frame.actuation_id, status=status,
+                          detail=detail[:2048], replay=frame.replay))
+
+    def _send(self, answer: Answer) -> None:
+        with self._send_lock:
+            sock = self._sock
+            if sock is None:
+                self._keep_unsent(answer)
+                return
+            try:
+                sock.sendall(encode_frame(answer))
+            except OSError:
+                self._keep_unsent(answer)
+
+    def _keep_unsent(self, answer: Answer) -> None:
+        """Held for the next registration; the oldest go first when the daemon stays away."""
+        self._unsent.append(answer)
+        if len(self._unsent) > self._max_unsent:
+            del self._unsent[0]
+            self.answers_dropped += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._send_lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,99 @@
+"""The local channel's framing and bookkeeping, without a broker."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from dsec.actuators.channel import (
+    MAX_FRAME_BYTES,
+    Answer,
+    Apply,
+    ChannelError,
+    Register,
+    decode_frame,
+    encode_frame,
+    prepare_run_dir,
+    read_frame,
+)
+from dsec.actuators.desired_state import Accepted, DesiredStateBook, OutOfOrder, worker_key
+from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity
+from dsec.schemas.actuations import PrecisionParams, SnapshotParams
+
+WORKER = WorkerIdentity(job_id="j", worker_id="w", node_id="n")
+
+
+def _command(actuation_id: str, at_ms: int, action=None) -> ActuationCommand:
+    return ActuationCommand(actuation_id=actuation_id, event_time_ms=at_ms,
+                            expires_at_ms=at_ms + 60_000, target=WORKER, policy_name="p",
+                            policy_version=1, action=action or PrecisionParams(dtype="fp16"))
+
+
+def test_frames_round_trip_over_a_socket_pair() -> None:
+    left, right = socket.socketpair()
+    frames = [Register(identity=WORKER, pid=1),
+              Apply(actuation_id="a1", action=PrecisionParams(dtype="bf16"),
+                    command_time_ms=5, replay=True),
+              Answer(actuation_id="a1", status=ActuationStatus.APPLIED, detail="ok")]
+    for frame in frames:
+        left.sendall(encode_frame(frame))
+    assert [read_frame(right) for _ in frames] == frames
+    left.close()
+    with pytest.raises(ChannelError):
+        read_frame(right)
+
+
+def test_frames_are_validated_never_evaluated() -> None:
+    with pytest.raises(ChannelError):
+        decode_frame(b'{"type": "apply", "actuation_id": "x", "command_time_ms": 1,'
+                     b' "action": {"kind": "memory_cap", "limit_bytes": 1}}')
+    with pytest.raises(ChannelError):
+        decode_frame(b'__import__("os").system("true")')
+    left, right = socket.socketpair()
+    left.sendall((MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+    with pytest.raises(ChannelError):
+        read_frame(right)
+
+
+def test_run_dir_is_made_owner_only(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)
+    run_dir.chmod(0o755)
+    prepare_run_dir(run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+
+
+def test_desired_state_orders_supersedes_and_replays() -> None:
+    book = DesiredStateBook()
+    key = worker_key(_command("a" * 8, 1))
+    assert book.accept(_command("first-00", 10)) == Accepted()
+    superseding = book.accept(_command("second-0", 20))
+    assert isinstance(superseding, Accepted) and superseding.superseded.actuation_id == "first-00"
+    assert isinstance(book.accept(_command("older-00", 15)), OutOfOrder)
+    assert [c.actuation_id for c in book.undelivered(key)] == ["second-0"]
+    book.mark_delivered(key, "second-0")
+    book.accept(_command("snap-000", 30, SnapshotParams()))
+    book.mark_delivered(key, "snap-000")
+    assert [c.actuation_id for c in book.desired(key)] == ["second-0"]  # snapshots are events
+    book.forget_one_shots(key)
+    assert [c.actuation_id for c in book.commands()] == ["second-0"]
+
+
+def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:
+    import tempfile
+
+    from dsec.runtime import _listening
+
+    path = Path(tempfile.mkdtemp(prefix="dsec-t-")) / "a.sock"
+    assert not _listening(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    assert _listening(path)
+    server.close()  # the file stays, as after a crash
+    assert path.exists() and not _listening(path)
+    path.unlink()
+    path.parent.rmdir()

@@ -1,0 +1,412 @@
+"""The node actuator on the real broker: commands → daemon → Unix socket → worker → results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+import torch.distributed as dist
+from confluent_kafka import Consumer, Producer
+from helpers import wait_for
+from torch.nn.parallel import DistributedDataParallel
+
+import dsec
+from dsec.actuators import NodeActuator, NodeActuatorConfig
+from dsec.infra.topics import ensure_topics
+from dsec.kafka_clients import consumer_config, producer_config
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    WorkerIdentity,
+    decode,
+    encode,
+    new_event_id,
+    now_ms,
+    sign,
+    topic_names,
+)
+from dsec.schemas.actuations import (
+    GIB,
+    GradAccumulationParams,
+    GradCompressionParams,
+    MemoryCapParams,
+    PrecisionParams,
+    SamplerParams,
+    SnapshotParams,
+    SyncPriorityParams,
+)
+
+pytestmark = pytest.mark.integration
+
+NODE = "node-a"
+
+
+class Node:
+    """A node actuator in this process, a command producer and a results reader."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.topics = topic_names(settings.topic_prefix)
+        self.producer = Producer(producer_config(settings, client_id="test-commands"))
+        self.daemon = NodeActuator(
+            NodeActuatorConfig(node_id=NODE, run_dir=settings.run_directory(),
+                               actuations_topic=self.topics.actuations,
+                               results_topic=self.topics.actuation_results,
+                               signing_key=settings.signing_key_bytes()),
+            consumer_config(settings, group_id=f"dsec-node-{NODE}"),
+            self._publish,
+        )
+        self.results_consumer = Consumer(consumer_config(
+            settings, group_id=f"test-results-{uuid.uuid4().hex[:6]}"))
+        self.results_consumer.subscribe([self.topics.actuation_results])
+        self.results: list[ActuationResult] = []
+
+    def _publish(self, topic: str, key: bytes, value: bytes) -> None:
+        self.producer.produce(topic, key=key, value=value)
+        self.producer.flush(10)
+
+    def command(self, worker_id: str, action, *, sign_with: bytes | None = None,
+                event_time_ms: int | None = None, ttl_ms: int = 60_000,
+                actuation_id: str | None = None, node_id: str = NODE) -> ActuationCommand:
+        at = event_time_ms if event_time_ms is not None else now_ms()
+        command = ActuationCommand(
+            actuation_id=actuation_id or new_event_id(), event_time_ms=at,
+            expires_at_ms=at + ttl_ms,
+            target=WorkerIdentity(job_id=self.settings.job_id, worker_id=worker_id,
+                                  node_id=node_id),
+            policy_name="test", policy_version=1, action=action,
+        )
+        return sign(command, sign_with or self.settings.signing_key_bytes())
+
+    def send(self, command: ActuationCommand | bytes, node_id: str = NODE) -> None:
+        value = command if isinstance(command, bytes) else encode(command)
+        self.producer.produce(self.topics.actuations, key=node_id.encode(), value=value)
+        self.producer.flush(10)
+
+    def poll_results(self) -> list[ActuationResult]:
+        while (message := self.results_consumer.poll(0.1)) is not None:
+            if not message.error():
+                self.results.append(decode(message.value(), ActuationResult))
+        return self.results
+
+    def result_for(self, actuation_id: str, count: int = 1,
+                   timeout_s: float = 30) -> list[ActuationResult]:
+        return wait_for(
+            lambda: [r for r in self.poll_results() if r.actuation_id == actuation_id][:count]
+            if len([r for r in self.poll_results() if r.actuation_id == actuation_id]) >= count
+            else None, timeout_s, what=f"{count} result(s) for {actuation_id}")
+
+    def close(self) -> None:
+        self.daemon.stop()
+        self.results_consumer.close()
+
+
+@pytest.fixture
+def node(settings):
+    run_dir = Path(tempfile.mkdtemp(prefix="dsec-run-"))  # short: socket paths are limited
+    settings = settings.model_copy(update={"run_dir": run_dir, "actuator_channel": "node"})
+    ensure_topics(settings, partitions=2)
+    node = Node(settings)
+    node.daemon.start()
+    assert node.daemon.wait_ready(30)
+    try:
+        yield node
+    finally:
+        node.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'gloo'}",
+                            rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_socket_and_run_dir_are_owner_only(node) -> None:
+    assert oct(node.daemon.socket_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(node.settings.run_directory().stat().st_mode & 0o777) == "0o700"
+
+
+def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    runtime = dsec.init(worker_id="w-all", node_id=NODE, optimizer=optimizer,
+                        settings=node.settings)
+    try:
+        assert runtime.channel is not None and runtime.actuator is None
+        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+        controls = dsec.controls()
+        controls.grad_compression.attach(model)
+        dsec.enable_snapshots(model, optimizer, directory=str(tmp_path / "snaps"),
+                              extra_state=lambda: {"episode_head": 17})
+        actions = [MemoryCapParams(limit_bytes=4 * GIB), PrecisionParams(dtype="fp16"),
+                   GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
+                   SamplerParams(paused=True), SyncPriorityParams(level=-1),
+                   SnapshotParams()]
+        commands = [node.command("w-all", action) for action in actions]
+        for command in commands:
+            node.send(command)
+
+        def train_until_answered() -> bool:
+            with controls.grad_accumulation.micro_step(model) as sync:
+                with dsec.autocast():
+                    out = model(torch.randn(8, 16))
+                loss = controls.grad_accumulation.scale(out.float().pow(2).mean())
+                controls.precision.scaler.scale(loss).backward()
+            if sync:
+                controls.precision.step(optimizer)  # the step post-hook applies commands
+                optimizer.zero_grad()
+            ids = {r.actuation_id for r in node.poll_results()}
+            return all(c.actuation_id in ids for c in commands)
+
+        wait_for(train_until_answered, 60, interval_s=0.02, what="every action answered")
+        by_id = {r.actuation_id: r for r in node.results}
+        assert [by_id[c.actuation_id].status.value for c in commands] == ["applied"] * 7, [
+            by_id[c.actuation_id].detail for c in commands]
+        assert controls.state() == {
+            "memory_cap_bytes": 4 * GIB, "precision": "fp16", "grad_compression_bits": 4,
+            "grad_accumulation_steps": 4, "sampler_paused": True, "sync_priority": -1,
+        }
+        with torch.no_grad(), dsec.autocast():
+            assert model(torch.randn(2, 16)).dtype == torch.float16
+        assert controls.precision.scaler.is_enabled()
+        all_reduced = []
+        for _ in range(8):
+            sent_before = controls.grad_compression.buckets_sent
+            with controls.grad_accumulation.micro_step(model) as sync:
+                model(torch.randn(8, 16)).float().sum().backward()
+            all_reduced.append((sync, controls.grad_compression.buckets_sent > sent_before))
+        assert sum(sync for sync, _ in all_reduced) == 2  # one sync every 4 micro-steps
+        assert all(sync == reduced for sync, reduced in all_reduced), all_reduced
+        assert controls.grad_compression.last_bits == 4
+        assert not controls.sampler.wait_until_running(0.01)
+        controls.snapshot.snapshotter.wait_idle(30)
+        restored = dsec.restore(str(tmp_path / "snaps"), restore_rng=False)
+        assert restored.meta["episode_head"] == 17
+    finally:
+        dsec.shutdown()
+
+
+def _start_worker(node, worker_id: str, state_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "DSEC_BOOTSTRAP": node.settings.bootstrap,
+           "DSEC_TOPIC_PREFIX": node.settings.topic_prefix, "DSEC_JOB_ID": node.settings.job_id,
+           "DSEC_RUN_DIR": str(node.settings.run_directory()), "DSEC_ACTUATOR_CHANNEL": "node",
+           "DSEC_SIGNING_KEY": "test-signing-key",
+           "DSEC_DATA_DIR": str(node.settings.data_dir)}
+    script = Path(__file__).with_name("node_worker.py")
+    return subprocess.Popen([sys.executable, str(script), worker_id, str(state_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _read_state(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_killed_and_restarted_worker_gets_its_desired_state_back(node, tmp_path) -> None:
+    state_path = tmp_path / "state.json"
+    worker = _start_worker(node, "w-restart", state_path)
+    try:
+        wait_for(lambda: (_read_state(state_path) or {}).get("registered"), 60,
+                 what="the worker to register")
+        commands = [node.command("w-restart", action) for action in (
+            PrecisionParams(dtype="bf16"), GradCompressionParams(bits=8),
+            SamplerParams(paused=True), MemoryCapParams(limit_bytes=8 * GIB))]
+        for command in commands:
+            node.send(command)
+        for command in commands:
+            assert node.result_for(command.actuation_id)[0].status.value == "applied"
+        first = _read_state(state_path)
+        assert first["precision"] == "bf16" and first["sampler_paused"] is True
+
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        state_path.unlink()
+        worker = _start_worker(node, "w-restart", state_path)
+        again = wait_for(lambda: (s := _read_state(state_path)) and s["precision"] == "bf16"
+                         and s, 60, what="the desired state back in the new worker")
+        assert again["pid"] != first["pid"]
+        assert {k: again[k] for k in ("precision", "grad_compression_bits", "sampler_paused",
+                                      "memory_cap_bytes")} == {
+            "precision": "bf16", "grad_compression_bits": 8, "sampler_paused": True,
+            "memory_cap_bytes": 8 * GIB}
+        replayed = node.result_for(commands[0].actuation_id, count=2)[1]
+        assert replayed.status.value == "applied"
+        assert replayed.detail.startswith("re-applied on registration")
+    finally:
+        worker.kill()
+        worker.wait(10)
+
+
+def test_bad_commands_are_rejected_and_reported(node) -> None:
+    hooks_state = dsec.WorkerControls()
+    from dsec.actuators import ApplyHooks, WorkerChannel
+
+    hooks = ApplyHooks()
+    hooks_state.register(hooks)
+    worker = WorkerChannel(
+        WorkerIdentity(job_id=node.settings.job_id, worker_id="w-bad", node_id=NODE),
+        node.daemon.socket_path, hooks).start()
+    try:
+        good = node.command("w-bad", PrecisionParams(dtype="fp16"))
+        node.send(good)
+        node.send(good)  # duplicate
+        expired = node.command("w-bad", SamplerParams(paused=True),
+                               event_time_ms=now_ms() - 120_000)
+        node.send(expired)
+        unsigned = node.command("w-bad", SamplerParams(paused=True)).model_copy(
+            update={"signature": None})
+        node.send(unsigned)
+        forged = node.command("w-bad", SamplerParams(paused=True), sign_with=b"not-the-key")
+        node.send(forged)
+        out_of_bounds = orjson.loads(encode(node.command("w-bad", SyncPriorityParams(level=1))))
+        out_of_bounds["action"] = {"kind": "memory_cap", "limit_bytes": 1}
+        node.send(orjson.dumps(out_of_bounds))
+        older = node.command("w-bad", PrecisionParams(dtype="bf16"),
+                             event_time_ms=good.event_time_ms - 1_000)
+        node.send(older)
+
+        def answered() -> bool:
+            worker.apply_pending()
+            return len(node.poll_results()) >= 7
+
+        wait_for(answered, 30, what="seven results")
+        statuses = {}
+        for result in node.results:
+            statuses.setdefault(result.actuation_id, []).append(
+                (result.status.value, result.detail))
+        assert sorted(statuses[good.actuation_id]) == [
+            ("applied", "autocast fp32 -> fp16 with loss scaling"),
+            ("rejected", "duplicate actuation id: not applied again")]
+        assert statuses[expired.actuation_id][0][0] == "stale"
+        assert statuses[unsigned.actuation_id][0] == ("rejected", "bad signature: unsigned")
+        assert statuses[forged.actuation_id][0][0] == "rejected"
+        assert statuses[out_of_bounds["actuation_id"]][0][0] == "rejected"
+        assert "out of bounds" in statuses[out_of_bounds["actuation_id"]][0][1]
+        assert statuses[older.actuation_id][0][0] == "stale"
+        assert "out of order" in statuses[older.actuation_id][0][1]
+        assert hooks_state.state()["precision"] == "fp16"
+        assert hooks_state.state()["sampler_paused"] is False  # nothing bad was applied
+    finally:
+        worker.stop()
+
+
+def test_a_command_replaced_before_delivery_is_superseded(node) -> None:
+    first = node.command("w-away", GradCompressionParams(bits=8))
+    second = node.command("w-away", GradCompressionParams(bits=4))
+    node.send(first)
+    node.send(second)
+    result = node.result_for(first.actuation_id)[0]
+    assert result.status.value == "superseded" and second.actuation_id in result.detail
+
+
+def test_dsec_actuator_command_serves_the_socket_until_signalled(settings) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="dsec-cli-"))
+    ensure_topics(settings, partitions=2)
+    env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+           "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(settings.data_dir)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsec.cli", "actuator", "--node", "node-cli",
+         "--bootstrap", settings.bootstrap, "--run-dir", str(run_dir)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sock = run_dir / "actuator-node-cli.sock"
+    try:
+        wait_for(lambda: process.poll() is not None or sock.exists(), 60,
+                 what="the actuator socket")
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        assert not sock.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> None:
+    ensure_topics(settings, partitions=2)
+    settings = settings.model_copy(update={"actuator_channel": "kafka"})
+    kafka = Node(settings)  # producer and results reader only: no daemon started
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    runtime = dsec.init(worker_id="w-solo", node_id="node-solo", optimizer=optimizer,
+                        settings=settings)
+    try:
+        assert runtime.actuator is not None and runtime.channel is None
+        applied = kafka.command("w-solo", GradAccumulationParams(steps=2), node_id="node-solo")
+        older = kafka.command("w-solo", GradAccumulationParams(steps=8), node_id="node-solo",
+                              event_time_ms=applied.event_time_ms - 1_000)
+        bad = orjson.loads(encode(kafka.command("w-solo", SamplerParams(paused=True),
+                                                node_id="node-solo")))
+        bad["action"] = {"kind": "grad_accumulation", "steps": 1000}
+        # far below what a process with torch loaded holds: the soft budget is violated
+        cap = kafka.command("w-solo", MemoryCapParams(limit_bytes=256 << 20),
+                            node_id="node-solo")
+        for command in (applied, older, cap):
+            kafka.send(command, node_id="node-solo")
+        kafka.send(orjson.dumps(bad), node_id="node-solo")
+
+        def answered() -> bool:
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            return len(kafka.poll_results()) >= 5
+
+        wait_for(answered, 60, interval_s=0.01, what="five results")
+        cap_results = [(r.status.value, r.detail) for r in kafka.results
+                       if r.actuation_id == cap.actuation_id]
+        assert cap_results[0][0] == "applied" and "soft budget" in cap_results[0][1]
+        assert cap_results[1][0] == "failed" and "budget exceeded" in cap_results[1][1]
+        assert dsec.controls().memory_cap.violations >= 1
+        statuses = {r.actuation_id: (r.status.value, r.detail) for r in kafka.results}
+        assert statuses[applied.actuation_id][0] == "applied"
+        assert statuses[older.actuation_id][0] == "stale"
+        assert statuses[bad["actuation_id"]][0] == "rejected"
+        assert "out of bounds" in statuses[bad["actuation_id"]][1]
+        assert dsec.controls().grad_accumulation.steps == 2
+    finally:
+        dsec.shutdown()
+        kafka.results_consumer.close()
+
+
+def test_restarted_daemon_keeps_desired_state_and_workers_reconnect(node) -> None:
+    from dsec.actuators import ApplyHooks, WorkerChannel
+
+    controls, hooks = dsec.WorkerControls(), ApplyHooks()
+    controls.register(hooks)
+    worker = WorkerChannel(
+        WorkerIdentity(job_id=node.settings.job_id, worker_id="w-keep", node_id=NODE),
+        node.daemon.socket_path, hooks, reconnect_interval_s=0.2).start()
+    try:
+        command = node.command("w-keep", GradCompressionParams(bits=8))
+        node.send(command)
+        wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
+                 what="the command applied")
+        node.daemon.stop()
+        controls.grad_compression.bits = 32  # as if the worker had lost it meanwhile
+        node.daemon = NodeActuator(node.daemon.config, node.daemon._consumer_config,
+                                   node._publish).start()
+        wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
+                 what="the desired state from the restarted daemon")
+        assert worker.registrations == 2
+    finally:
+        worker.stop()

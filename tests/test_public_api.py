@@ -1,0 +1,23 @@
+"""The public surface, guarded: a rename here is a breaking change for training scripts."""
+
+from __future__ import annotations
+
+import dsec
+import dsec.actuators
+
+
+def test_dsec_public_names() -> None:
+    assert set(dsec.__all__) == {
+        "ActionKind", "ProbeCounters", "RestoredState", "WorkerControls", "WorkerRuntime",
+        "autocast", "controls", "current", "enable_snapshots", "init", "on_action",
+        "report_episode_end", "report_step", "restore", "shutdown",
+    }
+    assert all(hasattr(dsec, name) for name in dsec.__all__)
+
+
+def test_actuators_public_names() -> None:
+    assert set(dsec.actuators.__all__) == {
+        "ApplyHooks", "CommandGate", "InProcessActuator", "NoApplyHookError", "NodeActuator",
+        "NodeActuatorConfig", "Rejection", "WorkerChannel", "WorkerControls",
+    }
+    assert all(hasattr(dsec.actuators, name) for name in dsec.actuators.__all__)
