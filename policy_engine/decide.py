@@ -67,13 +67,15 @@ def _idle(
 
 
 def _active(
-    policy: PolicySpec, state: PolicyState, holds: bool, exit_holds: bool, now_ms: int
+    policy: PolicySpec, state: PolicyState, holds: bool, exit_holds: bool, climb_holds: bool,
+    now_ms: int,
 ) -> tuple[PolicyState, DecisionKind | None]:
     if holds:
         state = replace(state, clear_since_ms=None)
         stage_since = state.stage_since_ms if state.stage_since_ms is not None else now_ms
         top = len(policy.effective_stages())
-        if state.stage < top and now_ms - stage_since >= policy.stage_interval_s * 1000:
+        due = now_ms - stage_since >= policy.stage_interval_s * 1000
+        if state.stage < top and climb_holds and due:
             return (replace(state, stage=state.stage + 1, stage_since_ms=now_ms),
                     _outcome(policy, DecisionKind.STAGED_UP))
         return state, None
@@ -98,15 +100,16 @@ def decide(
     condition_holds: bool,
     now_ms: int,
     exit_holds: bool | None = None,
+    climb_holds: bool = True,
 ) -> tuple[PolicyState, DecisionKind | None]:
     """What the engine does now; ``None`` means nothing worth an audit record.
 
     The stage moves by at most one per call: ``new.stage`` above the old one applies that
     stage's actions, below it undoes the old stage's. ``exit_holds`` defaults to the
-    condition not holding.
+    condition not holding; ``climb_holds`` is the next stage's own condition, if it has one.
     """
     if exit_holds is None:
         exit_holds = not condition_holds
     if policy.one_shot or state.stage == 0:
-        return _idle(policy, state, condition_holds, now_ms)
-    return _active(policy, state, condition_holds, exit_holds, now_ms)
+        return _idle(policy, state, condition_holds and climb_holds, now_ms)
+    return _active(policy, state, condition_holds, exit_holds, climb_holds, now_ms)

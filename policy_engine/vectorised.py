@@ -153,7 +153,9 @@ class _Compiler:
             return self.compile(children[0])
         op_name, left, left_kind, right, right_kind = self._binary(children, _ORDER | _EQUALITY)
         if op_name in _ORDER:
-            if "bool" in (left_kind, right_kind) or left_kind == right_kind == "int":
+            # cel-python orders a double against an int literal only with the double on
+            # the left; the other forms go to it row by row.
+            if "bool" in (left_kind, right_kind) or left_kind == "int":
                 raise NotCovered("ordering typing")
         elif left_kind != right_kind or left_kind == "int":
             raise NotCovered("equality across types")  # CEL has no double == int overload

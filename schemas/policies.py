@@ -48,18 +48,24 @@ class TargetSelector(Model):
         return all(tags.get(key) == value for key, value in self.labels.items())
 
 class PolicyStage(Model):
-    """One step of a staged policy: actions applied on the way up, ``undo`` on the way down.
+    """One step of a staged policy: ``actions`` on the way up, ``undo`` on the way down.
 
-    ``bind`` takes an action field from a policy parameter (``memory_cap.limit_bytes:
-    base_quota_bytes``), so a tuned parameter reaches the command; the result is checked
-    against the action's bounds like any other.
+    ``condition``, when given, must hold as well for the policy to climb into this stage.
+    ``bind`` / ``undo_bind`` take an action field from a policy parameter
+    (``memory_cap.limit_bytes: base_quota_bytes``), so a tuned parameter reaches the
+    command; the result is checked against the action's bounds like any other.
     """
 
+    condition: Condition | None = None
     actions: Annotated[list[ActionParams], Field(min_length=1, max_length=8)]
     undo: Annotated[list[ActionParams], Field(max_length=8)] = Field(default_factory=list)
     bind: Annotated[dict[BoundField, ParamName], Field(max_length=8)] = Field(
         default_factory=dict
     )
+    undo_bind: Annotated[dict[BoundField, ParamName], Field(max_length=8)] = Field(
+        default_factory=dict
+    )
+
 
 class PolicyTune(Model):
     """A meta-policy's action: publish a new version of ``policy`` with ``param`` moved by
@@ -123,14 +129,18 @@ class PolicySpec(Model):
         if sum(given) != 1:
             raise ValueError("give exactly one of action, stages or tune")
         for index, stage in enumerate(self.stages):
-            for bound, param in stage.bind.items():
-                if param not in self.params:
-                    raise ValueError(f"stages.{index}.bind: no parameter {param!r}")
-                kind, _, field = bound.partition(".")
-                if not any(action.kind == kind and field in type(action).model_fields
-                           for action in stage.actions):
-                    raise ValueError(f"stages.{index}.bind: no action field {bound!r}")
-            self.stage_actions(index)  # a bound value out of the action's bounds fails here
+            for what, binding, actions in (("bind", stage.bind, stage.actions),
+                                           ("undo_bind", stage.undo_bind, stage.undo)):
+                for bound, param in binding.items():
+                    if param not in self.params:
+                        raise ValueError(f"stages.{index}.{what}: no parameter {param!r}")
+                    kind, _, field = bound.partition(".")
+                    if not any(action.kind == kind and field in type(action).model_fields
+                               for action in actions):
+                        raise ValueError(f"stages.{index}.{what}: no action field {bound!r}")
+            # a bound value outside the action's bounds fails here, not at firing time
+            self.stage_actions(index)
+            self.stage_actions(index, undo=True)
         return self
 
     def effective_stages(self) -> list[PolicyStage]:
@@ -151,13 +161,13 @@ class PolicySpec(Model):
     def stage_actions(self, index: int, undo: bool = False) -> list[ActionParams]:
         """The actions of stage ``index`` (0-based) with bound parameters filled in."""
         stage = self.effective_stages()[index]
-        actions = stage.undo if undo else stage.actions
+        actions, binding = (stage.undo, stage.undo_bind) if undo else (stage.actions, stage.bind)
         resolved = []
         for action in actions:
             updates = {
                 bound.partition(".")[2]: self.params[param]
-                for bound, param in stage.bind.items()
-                if bound.partition(".")[0] == action.kind and not undo
+                for bound, param in binding.items()
+                if bound.partition(".")[0] == action.kind
             }
             if updates:
                 # Parameters are floats; integral action fields take them when integral.
