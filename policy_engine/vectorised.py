@@ -46,15 +46,9 @@ _ORDER = {
 }
 _EQUALITY = {"relation_eq": np.equal, "relation_ne": np.not_equal}
 
-
-def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # cel-python, the reference, gives +inf for any double divided by zero (0.0/0.0 too).
-    return np.where(b == 0.0, np.inf, np.divide(a, b))
-
-
 _ARITH = {
     "addition_add": np.add, "addition_sub": np.subtract,
-    "multiplication_mul": np.multiply, "multiplication_div": _divide,
+    "multiplication_mul": np.multiply, "multiplication_div": np.divide,
 }
 
 
@@ -64,6 +58,7 @@ def _constant(value: float | bool, kind: str) -> _Node:
     def node(_columns: Columns, rows: int) -> _Value:
         return _Value(np.full(rows, value, dtype=dtype), np.zeros(rows, dtype=bool), kind)
 
+    node.constant = value  # type: ignore[attr-defined]
     return node
 
 
@@ -173,6 +168,10 @@ class _Compiler:
         op_name, left, left_kind, right, right_kind = self._binary(children, _ARITH)
         if left_kind != "double" or right_kind != "double":
             raise NotCovered("arithmetic on non-double")
+        # cel-python answers a zero divisor with +inf or with an error depending on how
+        # the operands were produced; only a non-zero constant divisor is unambiguous.
+        if op_name == "multiplication_div" and not getattr(right, "constant", 0.0):
+            raise NotCovered("division by a non-constant")
         op = _ARITH[op_name]
 
         def node(columns: Columns, rows: int) -> _Value:
