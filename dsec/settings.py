@@ -26,6 +26,9 @@ class DsecSettings(BaseSettings):
     clickhouse_dsn: str | None = None
     clickhouse_ttl_days: int = Field(default=30, ge=1, le=3650)
     signing_key: SecretStr | None = None
+    # Built-in policy parameter overrides, e.g. {"bandwidth-latency-breaker":
+    # {"latency_cap_ms": 70}} (DSEC_POLICY_PARAMS as JSON).
+    policy_params: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
