@@ -7,7 +7,7 @@ Pure: state in, decision and new state out; time is the event time given.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from dsec.schemas.policies import DecisionKind, PolicySpec
 
@@ -22,7 +22,14 @@ class PolicyState:
     clear_since_ms: int | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {
+            "pending_since_ms": self.pending_since_ms,
+            "last_fired_ms": self.last_fired_ms,
+            "suppressed_audited": self.suppressed_audited,
+            "stage": self.stage,
+            "stage_since_ms": self.stage_since_ms,
+            "clear_since_ms": self.clear_since_ms,
+        }
 
     @classmethod
     def from_json(cls, data: dict | None) -> PolicyState:

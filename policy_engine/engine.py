@@ -23,6 +23,7 @@ from dsec.schemas.policies import DecisionKind, PolicySpec
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 # Triggers, not settings: two policies asking for one conflict with nothing.
 _UNOWNED_KINDS = {ActionKind.SNAPSHOT}
+_IDLE = PolicyState()
 
 
 @dataclass
@@ -104,12 +105,13 @@ class Engine:
             name: np.fromiter((e.features.get(name, np.nan) for e in events), float, rows)
             for name in names
         }
+        targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
         for policy in policies:
-            self._evaluate_policy(policy, events, columns, out)
+            self._evaluate_policy(policy, events, targets, columns, out)
         return out
 
     def _evaluate_policy(
-        self, policy: CompiledPolicy, events: Sequence[FeatureEvent],
+        self, policy: CompiledPolicy, events: Sequence[FeatureEvent], targets: list[str],
         columns: dict[str, np.ndarray], out: EngineOutput,
     ) -> None:
         spec, rows = policy.spec, len(events)
@@ -120,23 +122,25 @@ class Engine:
                  for c in policy.stage_conditions]
         selector = spec.selector
         everyone = selector == type(selector)()
+        prefix = f"{spec.name}|"
+        states = self.states
         for row, event in enumerate(events):
-            key = state_key(spec.name, event)
-            if not enter[row] and key not in self.states:
+            key = prefix + targets[row]
+            if not enter[row] and key not in states:
                 continue
             if not everyone and not selector.matches(event.identity.job_id, event.tags):
                 continue
-            old = PolicyState.from_json(self.states.get(key))
+            old = PolicyState.from_json(states.get(key))
             next_stage = 0 if spec.one_shot else min(old.stage, len(climb) - 1)
             condition = climb[next_stage] if climb else None
             climb_holds = condition[row] if condition is not None else True
             new, kind = decide(spec, old, bool(enter[row]), event.event_time_ms,
                                exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds))
             if new != old:
-                if new == PolicyState():
-                    self.states.pop(key, None)
+                if new == _IDLE:
+                    states.pop(key, None)
                 else:
-                    self.states[key] = new.to_json()
+                    states[key] = new.to_json()
             if kind is not None:
                 self._act(policy, event, old, new, kind, out)
 

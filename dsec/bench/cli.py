@@ -4,4 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from dsec.bench.policy_eval import policy_eval
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
+
+bench_app.command("policy-eval")(policy_eval)
