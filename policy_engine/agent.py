@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 
 import faust
+import orjson
 from faust.streams import _current_event  # the changelog partition comes from it
 
 from dsec.policy_engine.engine import Engine
@@ -42,9 +43,26 @@ class EngineOptions:
     batch_within_s: float = 0.05
 
 
+class _ChangelogTable(faust.Table):
+    def _verify_source_topic_partitions(self, source_topic: str) -> None:
+        # Right after Faust creates the changelog topic the consumer's metadata may not
+        # list it yet (0 partitions); check once it does, instead of failing the agent.
+        if not self.app.consumer.topic_partitions(self.changelog_topic_name):
+            return
+        super()._verify_source_topic_partitions(source_topic)
+
+
+def _table(app: faust.App, name: str) -> faust.Table:
+    return app.tables.add(_ChangelogTable(
+        app, name=name, beacon=app.tables.beacon, partitions=None,
+        key_type=bytes, value_type=bytes,
+    ))
+
+
 class _EventScopedTable(MutableMapping[str, dict]):
-    """A Faust table written from a batch: each write is attributed to the event of the
-    target it concerns, so its changelog record lands in that event's partition."""
+    """A Faust table of JSON values written from a batch: each write is attributed to the
+    event of the target it concerns, so its changelog record lands in that event's
+    partition. Keys and values are bytes in the table, as they come back on recovery."""
 
     def __init__(self, table: faust.Table, target_of: Callable[[str], str]) -> None:
         self._table = table
@@ -56,17 +74,18 @@ class _EventScopedTable(MutableMapping[str, dict]):
         return _current_event.set(weakref.ref(event)) if event is not None else None
 
     def __getitem__(self, key: str) -> dict:
-        if key not in self._table:
+        raw = self._table.get(key.encode())
+        if raw is None:
             raise KeyError(key)
-        return self._table[key]
+        return orjson.loads(raw)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._table
+        return isinstance(key, str) and key.encode() in self._table
 
     def __setitem__(self, key: str, value: dict) -> None:
         token = self._scoped(key)
         try:
-            self._table[key] = value
+            self._table[key.encode()] = orjson.dumps(value)
         finally:
             if token is not None:
                 _current_event.reset(token)
@@ -74,13 +93,13 @@ class _EventScopedTable(MutableMapping[str, dict]):
     def __delitem__(self, key: str) -> None:
         token = self._scoped(key)
         try:
-            del self._table[key]
+            del self._table[key.encode()]
         finally:
             if token is not None:
                 _current_event.reset(token)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._table)
+        return (key.decode() for key in self._table)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -104,10 +123,8 @@ def register_policy_engine(
     actuations = app.topic(topics.actuations, value_type=bytes, key_type=bytes)
     decisions = app.topic(topics.decisions, value_type=bytes, key_type=bytes)
     dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
-    state_table = app.Table("policy-state", default=dict, partitions=None, value_type=dict)
-    knob_table = app.Table("policy-knobs", default=dict, partitions=None, value_type=dict)
-    states = _EventScopedTable(state_table, lambda key: key.split("|", 1)[1])
-    knobs = _EventScopedTable(knob_table, lambda key: key.rsplit("|", 1)[0])
+    states = _EventScopedTable(_table(app, "policy-state"), lambda key: key.split("|", 1)[1])
+    knobs = _EventScopedTable(_table(app, "policy-knobs"), lambda key: key.rsplit("|", 1)[0])
     engine = Engine(registry, states, knobs, signing_key)
 
     async def send_durably(topic: faust.TopicT, key: bytes, value: bytes | None) -> None:

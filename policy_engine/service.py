@@ -50,6 +50,7 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     from dsec.infra.topics import ensure_topics
     from dsec.stream_jobs.faust_app import make_faust_app
 
+    settings.data_dir.resolve().mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)
     admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
     features = topic_names(settings.topic_prefix).features
