@@ -26,6 +26,9 @@ from dsec.stream_jobs.metrics_job import dead_letter_for
 log = logging.getLogger(__name__)
 
 
+TABLES = ("policy-state", "policy-knobs")
+
+
 @dataclass
 class EngineCounters:
     features_in: int = 0
