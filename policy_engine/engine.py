@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import TypeAdapter
 
 from dsec.policy_engine.decide import PolicyState, decide
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
 from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecision, sign
+from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 # Triggers, not settings: two policies asking for one conflict with nothing.
 _UNOWNED_KINDS = {ActionKind.SNAPSHOT}
 _IDLE = PolicyState()
+_ACTION = TypeAdapter(ActionParams)
 
 
 @dataclass
@@ -31,10 +34,6 @@ class EngineOutput:
     commands: list[ActuationCommand] = field(default_factory=list)
     decisions: list[PolicyDecision] = field(default_factory=list)
     policies: list[PolicySpec] = field(default_factory=list)
-
-
-def state_key(policy_name: str, event: FeatureEvent) -> str:
-    return f"{policy_name}|{event.identity.job_id}|{event.identity.worker_id}"
 
 
 def knob_key(event: FeatureEvent, kind: str) -> str:
@@ -168,7 +167,7 @@ class Engine:
                   f"{(old.last_fired_ms or 0) + int(spec.cooldown_s * 1000)}; {detail}")
             return
         if spec.tune is not None:
-            self._tune(spec, event, kind, audit, detail, out)
+            self._tune(spec, kind, audit, detail, out)
             return
         if spec.one_shot:
             stage, undo = 1, False
@@ -182,51 +181,114 @@ class Engine:
             wanted = "; ".join(a.model_dump_json() for a in actions) or "nothing"
             audit(kind, new.stage, f"would {said} stage {stage}: {wanted}; {detail}")
             return
-        if not actions:
+        if not actions and not undo:
             audit(kind, new.stage, f"stage {stage}: nothing to {said}; {detail}")
-        for index, action in enumerate(actions):
-            claim = self._claim(spec, event, action.kind, release=undo)
-            if claim is not None:
-                audit(DecisionKind.SUPPRESSED_PRIORITY, new.stage,
-                      f"{said} {action.kind}: {claim}; {detail}")
+        grants: list[tuple[PolicySpec, ActionParams, str] | str] = []
+        if undo:
+            undo_by_kind = {a.kind: a for a in actions}
+            released = [a.kind for a in spec.stage_actions(stage - 1)]
+            kinds = list(dict.fromkeys([*released, *undo_by_kind]))
+            grants = [self._release(spec, event, k, undo_by_kind.get(k)) for k in kinds]
+        else:
+            grants = [self._apply(spec, event, action) for action in actions]
+        for index, grant in enumerate(grants):
+            if grant is None:
                 continue
+            if isinstance(grant, str):
+                audit(DecisionKind.SUPPRESSED_PRIORITY, new.stage, f"{grant}; {detail}")
+                continue
+            owner, action, how = grant
             command = sign(ActuationCommand(
-                actuation_id=actuation_id(spec.name, spec.version, event.identity.job_id,
-                                          event.identity.worker_id, stage, said,
+                actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
+                                          event.identity.worker_id, spec.name, stage, said,
                                           event.event_time_ms, index),
                 event_time_ms=event.event_time_ms,
                 target=event.identity,
-                expires_at_ms=event.event_time_ms + int(spec.ttl_s * 1000),
-                policy_name=spec.name,
-                policy_version=spec.version,
+                expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
+                policy_name=owner.name,
+                policy_version=owner.version,
                 action=action,
-                reason=f"{spec.name} v{spec.version} {said} stage {stage}: {spec.condition}"[
-                    :1024],
+                reason=f"{spec.name} v{spec.version} {said} stage {stage}{how}: "
+                       f"{spec.condition}"[:1024],
             ), self._signing_key)
             out.commands.append(command)
-            audit(kind, new.stage, f"{said} stage {stage}: {action.kind}; {detail}",
+            audit(kind, new.stage, f"{said} stage {stage}: {action.kind}{how}; {detail}",
                   command.actuation_id)
 
-    def _claim(self, spec: PolicySpec, event: FeatureEvent, kind: str,
-               release: bool) -> str | None:
-        """Takes (or gives back) the knob; why not, when a higher priority holds it."""
-        if kind in _UNOWNED_KINDS:
-            return None
-        key = knob_key(event, kind)
-        owner = self.knobs.get(key)
-        if release:
-            if owner is None or owner["policy"] != spec.name:
-                return f"held by {owner['policy'] if owner else 'nobody'}, not undone"
-            self.knobs.pop(key, None)
-            return None
-        if owner is not None and owner["policy"] != spec.name and (
-                owner["priority"] >= spec.priority):
-            return f"held by {owner['policy']} (priority {owner['priority']})"
-        self.knobs[key] = {"policy": spec.name, "priority": spec.priority}
-        return None
+    # Knob arbitration. Per (target, knob) the table keeps every policy's claim and which
+    # one is in effect: the highest priority (a tie keeps the one in effect). A claim
+    # outranked now is kept, and takes effect when the claims above it are released.
+    # One-shot policies have no undo: their claim lasts as long as their command is valid.
 
-    def _tune(self, spec, event, kind, audit, detail, out) -> None:
+    def _knob(self, event: FeatureEvent, kind: str) -> tuple[str, dict]:
+        key = knob_key(event, kind)
+        entry = self.knobs.get(key) or {"claims": {}, "applied": None}
+        now = event.event_time_ms
+        entry["claims"] = {
+            name: claim for name, claim in entry["claims"].items()
+            if self.registry.get(name) is not None
+            and now < (claim.get("until_ms") or float("inf"))
+        }
+        if entry["applied"] not in entry["claims"]:
+            entry["applied"] = None
+        return key, entry
+
+    @staticmethod
+    def _top(entry: dict) -> str | None:
+        claims = entry["claims"]
+        if not claims:
+            return None
+        return max(claims, key=lambda n: (claims[n]["priority"], n == entry["applied"]))
+
+    def _store(self, key: str, entry: dict) -> None:
+        if entry["claims"]:
+            self.knobs[key] = entry
+        else:
+            self.knobs.pop(key, None)
+
+    def _apply(self, spec: PolicySpec, event: FeatureEvent,
+               action: ActionParams) -> tuple[PolicySpec, ActionParams, str] | str:
+        if action.kind in _UNOWNED_KINDS:
+            return spec, action, ""
+        key, entry = self._knob(event, action.kind)
+        until_ms = event.event_time_ms + int(spec.ttl_s * 1000) if spec.one_shot else None
+        entry["claims"][spec.name] = {"priority": spec.priority, "until_ms": until_ms,
+                                      "action": action.model_dump(mode="json")}
+        top = self._top(entry)
+        if top == spec.name:
+            entry["applied"] = spec.name
+        self._store(key, entry)
+        if top == spec.name:
+            return spec, action, ""
+        holder = entry["claims"][top]
+        return (f"apply {action.kind}: deferred, held by {top} (priority "
+                f"{holder['priority']})")
+
+    def _release(self, spec: PolicySpec, event: FeatureEvent, kind: str,
+                 undo: ActionParams | None) -> tuple[PolicySpec, ActionParams, str] | str | None:
+        if kind in _UNOWNED_KINDS:
+            return (spec, undo, "") if undo is not None else None
+        key, entry = self._knob(event, kind)
+        in_effect = entry["applied"] == spec.name
+        entry["claims"].pop(spec.name, None)
+        if not in_effect:
+            self._store(key, entry)
+            return f"undo {kind}: was not in effect, held by {entry['applied'] or 'nobody'}"
+        top = self._top(entry)
+        entry["applied"] = top
+        self._store(key, entry)
+        if top is None:
+            return (spec, undo, "") if undo is not None else None
+        owner = self.registry.get(top)
+        resumed = _ACTION.validate_python(entry["claims"][top]["action"])
+        return owner, resumed, f" (resumes {top})"
+
+    def _tune(
+        self, spec: PolicySpec, kind: DecisionKind, audit: Callable[..., None], detail: str,
+        out: EngineOutput,
+    ) -> None:
         tune = spec.tune
+        assert tune is not None
         target = self.registry.get(tune.policy)
         if target is None:
             audit(DecisionKind.EVALUATION_ERROR, 0, f"no policy {tune.policy!r} to tune")

@@ -183,3 +183,44 @@ def test_batches_and_single_events_decide_alike() -> None:
     assert len(one.output.commands) > 6
     assert sorted(c.actuation_id for c in one.output.commands) == sorted(
         c.actuation_id for c in many.output.commands)
+
+
+def test_a_deferred_claim_takes_effect_when_the_holder_lets_go() -> None:
+    pack = {p.name: p for p in load_builtin_policies()}
+    lost = {**HEALTHY, "worker_lost": 1.0, "episode_same_end_streak": 3.0}
+    back = {**HEALTHY, "episode_same_end_streak": 3.0}
+    events = trace(lost, 10) + trace(back, 60, start_ms=1_010_000)
+    result = replay([pack["worker-lost"], pack["stuck-episode"]], events)
+    sync = [(c.policy_name, c.action.level) for c in result.output.commands
+            if c.action.kind == "sync_priority"]
+    # worker-lost (400) holds the knob; stuck-episode's -1 waits, then resumes, not 0
+    assert sync == [("worker-lost", -3), ("stuck-episode", -1)]
+
+
+def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
+    from dsec.policy_engine.engine import Engine
+    from dsec.policy_engine.registry import PolicyRegistry
+    from dsec.schemas import sign
+
+    key = b"k"
+    registry = PolicyRegistry(key)
+    nudge = sign(PolicySpec.model_validate({
+        "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
+        "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
+                                       "ttl_s": 30}}), key)
+    low = sign(PolicySpec.model_validate({
+        "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}), key)
+    registry.install(nudge)
+    registry.install(low)
+    engine = Engine(registry, {}, {}, key)
+    first = engine.evaluate(trace({**HEALTHY, "worker_lost": 1.0}, 5))
+    during = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
+                                   worker="w1", start_ms=1_010_000))
+    assert [c.policy_name for c in first.commands] == ["nudge"]
+    assert not during.commands
+    assert during.decisions[0].decision is DecisionKind.SUPPRESSED_PRIORITY
+    engine.states.clear()
+    after = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
+                                  worker="w1", start_ms=1_100_000))
+    assert [c.policy_name for c in after.commands] == ["low"]
