@@ -4,6 +4,7 @@ dry-run, delete)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -148,6 +149,12 @@ def test_published_policies_hot_reload_rejections_dry_run_and_delete(rig, tmp_pa
     rig.decisions.wait(lambda items: any(
         d.policy_name == "custom-temperature" and d.decision is DecisionKind.POLICY_ACCEPTED
         for d in items), 60, "the custom policy to load")
+    listed = subprocess.run([sys.executable, "-m", "dsec.cli", "policy", "list", "--json"],
+                            env=env_for(settings), check=True, timeout=60,
+                            capture_output=True, text=True)
+    running = {p["name"]: p for p in json.loads(listed.stdout)["policies"]}
+    assert running["custom-temperature"]["source"] == "topic"
+    assert running["bandwidth-latency-breaker"]["source"] == "built-in"
     rig.send(trace(hot, 5, "hot", now_ms()))
     rig.commands.wait(lambda items: any(c.policy_name == "custom-temperature" for c in items),
                       60, "the custom policy to act")
