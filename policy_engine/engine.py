@@ -9,9 +9,10 @@ then runs only for rows whose condition holds or whose policy is not idle.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from pydantic import TypeAdapter
@@ -22,6 +23,7 @@ from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecis
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 
+log = logging.getLogger(__name__)
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 # Triggers, not settings: two policies asking for one conflict with nothing.
 _UNOWNED_KINDS = {ActionKind.SNAPSHOT}
@@ -92,6 +94,7 @@ class Engine:
         self.states = states
         self.knobs = knobs
         self._signing_key = signing_key
+        self._reported: set[tuple[str, int]] = set()
 
     def evaluate(self, events: Sequence[FeatureEvent]) -> EngineOutput:
         out = EngineOutput()
@@ -106,8 +109,28 @@ class Engine:
         }
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
         for policy in policies:
-            self._evaluate_policy(policy, events, targets, columns, out)
+            try:
+                self._evaluate_policy(policy, events, targets, columns, out)
+            except Exception as exc:  # one broken policy must not stop the others
+                log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
+                self._report(policy, f"{type(exc).__name__}: {exc}", out)
+                continue
+            errors = [c.last_error for c in (policy.enter, policy.exit, *policy.stage_conditions)
+                      if c is not None and c.last_error]
+            if errors:
+                self._report(policy, errors[0], out)
         return out
+
+    def _report(self, policy: CompiledPolicy, problem: str, out: EngineOutput) -> None:
+        """An evaluation error, audited once per policy version."""
+        spec = policy.spec
+        if (spec.name, spec.version) in self._reported:
+            return
+        self._reported.add((spec.name, spec.version))
+        out.decisions.append(PolicyDecision(
+            policy_name=spec.name, policy_version=spec.version,
+            decision=DecisionKind.EVALUATION_ERROR, detail=problem[:2048],
+        ))
 
     def _evaluate_policy(
         self, policy: CompiledPolicy, events: Sequence[FeatureEvent], targets: list[str],
@@ -120,6 +143,7 @@ class Engine:
         climb = [c.holds(scoped, rows) if c is not None else None
                  for c in policy.stage_conditions]
         selector = spec.selector
+        top = len(policy.stage_conditions)
         everyone = selector == type(selector)()
         prefix = f"{spec.name}|"
         states = self.states
@@ -130,6 +154,8 @@ class Engine:
             if not everyone and not selector.matches(event.identity.job_id, event.tags):
                 continue
             old = PolicyState.from_json(states.get(key))
+            if old.stage > top:  # a new version with fewer stages
+                old = replace(old, stage=top)
             next_stage = 0 if spec.one_shot else min(old.stage, len(climb) - 1)
             condition = climb[next_stage] if climb else None
             climb_holds = condition[row] if condition is not None else True

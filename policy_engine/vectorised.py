@@ -242,6 +242,7 @@ class VectorCondition:
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
+        self.last_error: str | None = None
         tree = _parse(expression)
         self._scalar = CompiledCondition(expression)
         compiler = _Compiler()
@@ -278,7 +279,12 @@ class VectorCondition:
                 value = float(columns[name][row])
                 if value == value:  # NaN: the target lacks this feature
                     activation[name] = value
-            out[row] = self._scalar.holds(activation)
+            try:
+                out[row] = self._scalar.holds(activation)
+            except ConditionError as exc:
+                # Not a boolean for this row (only an uncovered expression can get here):
+                # it does not hold, and the engine reports it.
+                self.last_error = str(exc)
         return out
 
 

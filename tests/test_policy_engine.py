@@ -224,3 +224,14 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
     after = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
                                   worker="w1", start_ms=1_100_000))
     assert [c.policy_name for c in after.commands] == ["low"]
+
+
+def test_a_policy_that_fails_at_run_time_is_reported_once_and_the_others_go_on() -> None:
+    odd = PolicySpec.model_validate({
+        "name": "odd", "condition": "size('abc') > 0 ? worker_lost : 1.0",  # not a bool
+        "action": {"params": {"kind": "snapshot"}}})
+    pack = {p.name: p for p in load_builtin_policies()}
+    result = replay([odd, pack["worker-lost"]], trace({**HEALTHY, "worker_lost": 1.0}, 20))
+    errors = [d for d in result.output.decisions if d.decision is DecisionKind.EVALUATION_ERROR]
+    assert len(errors) == 1 and errors[0].policy_name == "odd"
+    assert [c.policy_name for c in result.output.commands] == ["worker-lost"]
