@@ -15,6 +15,7 @@ from rich.table import Table
 
 from dsec.actuator_cli import actuator_command
 from dsec.bench.cli import bench_app
+from dsec.policy_cli import policy_app
 from dsec.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -24,6 +25,7 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
+app.add_typer(policy_app, name="policy")
 console = Console()
 err_console = Console(stderr=True)
 

@@ -33,6 +33,9 @@ class DsecSettings(BaseSettings):
     # consumer, no daemon), or "auto" (the socket when a node actuator is listening)
     actuator_channel: Literal["auto", "node", "kafka"] = "auto"
     snapshot_dir: str | None = None  # a path or file:// URL (default: <data_dir>/snapshots)
+    # Built-in policy parameter overrides, e.g. {"bandwidth-latency-breaker":
+    # {"latency_cap_ms": 70}} (DSEC_POLICY_PARAMS as JSON).
+    policy_params: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

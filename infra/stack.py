@@ -19,8 +19,7 @@ from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.query_server import QueryServer
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import consumer_config
-from dsec.policy_engine import load_builtin_policies
-from dsec.policy_engine.agent import register_policy_engine
+from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
 from dsec.stream_jobs.faust_app import make_faust_app
@@ -136,9 +135,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
             )
         if "policy-engine" in options.services:
-            register_policy_engine(
-                app, topics, load_builtin_policies(), settings.signing_key_bytes()
-            )
+            register_policy_engine(app, settings)
         worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()

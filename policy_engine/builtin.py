@@ -1,18 +1,39 @@
-"""The built-in policy pack shipped with dsec (``builtin/*.yaml``)."""
+"""The built-in policy pack shipped with dsec (``builtin/*.yaml``), one policy a file.
+
+Defaults are overridable two ways: per-installation parameter overrides given at load
+(``DSEC_POLICY_PARAMS``), or a newer version published on the policies topic.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 
-import yaml
+from dsec.policy_engine.registry import PolicyRejected, parse_policy
+from dsec.schemas import PolicySpec, sign
 
-from dsec.schemas import PolicySpec
 
-
-def load_builtin_policies() -> list[PolicySpec]:
+def load_builtin_policies(
+    signing_key: bytes | None = None,
+    params: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[PolicySpec]:
+    """The pack, with ``params[name]`` merged into each policy's parameters, signed with
+    ``signing_key`` (this installation's key) when one is given."""
     folder = resources.files("dsec.policy_engine").joinpath("builtin")
+    overrides = dict(params or {})
     policies = []
     for entry in sorted(folder.iterdir(), key=lambda item: item.name):
-        if entry.name.endswith(".yaml"):
-            policies.append(PolicySpec.model_validate(yaml.safe_load(entry.read_text())))
+        if not entry.name.endswith(".yaml"):
+            continue
+        policy = parse_policy(entry.read_text())
+        override = overrides.pop(policy.name, None)
+        if override:
+            unknown = sorted(set(override) - set(policy.params))
+            if unknown:
+                raise PolicyRejected(f"{policy.name} has no parameters {', '.join(unknown)}")
+            body = policy.model_dump(mode="json", exclude_none=True)
+            policy = PolicySpec.model_validate({**body, "params": {**policy.params, **override}})
+        policies.append(sign(policy, signing_key) if signing_key else policy)
+    if overrides:
+        raise PolicyRejected(f"no built-in policies named {', '.join(sorted(overrides))}")
     return policies

@@ -29,6 +29,8 @@ class ActionKind(StrEnum):
 
 class SnapshotParams(Model):
     kind: Literal[ActionKind.SNAPSHOT] = ActionKind.SNAPSHOT
+    # zstd level for the snapshot's weights; None leaves the actuator's default.
+    compression_level: Annotated[int, Field(ge=1, le=19)] | None = None
 
 
 class MemoryCapParams(Model):

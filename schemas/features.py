@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
 
 FeatureName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+TagValue = Annotated[str, Field(max_length=128)]
 
 
 class RegimeGrowth(Model):
@@ -40,6 +41,9 @@ class FeatureEvent(Event):
     gpu_uuid: Identifier | None = None
     window: Annotated[str, Field(max_length=64)] = ""
     features: Annotated[dict[FeatureName, float], Field(max_length=256)]
+    # Text context of the target (pool, gpu_model, worker labels, episode_end_reason):
+    # policy selectors match on it and alerts name it; conditions only see ``features``.
+    tags: Annotated[dict[FeatureName, TagValue], Field(max_length=32)] = Field(default_factory=dict)
 
     @field_validator("features")
     @classmethod

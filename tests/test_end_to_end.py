@@ -72,9 +72,10 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
         settings,
         f"SELECT status, action FROM actuation_results WHERE worker_id = '{worker_id}'",
     ), 60, what="the actuation result in ClickHouse")
-    assert applied == [["applied", "snapshot"]]
+    assert ["applied", "snapshot"] in applied
     actuations = _rows(settings, "SELECT policy_name, node_id FROM actuations "
-                                 f"WHERE worker_id = '{worker_id}'")
+                                 f"WHERE worker_id = '{worker_id}' "
+                                 "AND policy_name = 'reward-variance-jump'")
     assert actuations == [["reward-variance-jump", "node-a"]]
     kinds = dict(wait_for(lambda: _rows(
         settings,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from dsec.policy_engine import (
@@ -75,6 +77,58 @@ def test_conditions_refuse_what_is_not_cel_or_not_boolean(tmp_path) -> None:
 
 def test_builtin_pack_loads() -> None:
     policies = load_builtin_policies()
-    assert [p.name for p in policies] == ["reward-variance-jump"]
+    assert "reward-variance-jump" in [p.name for p in policies]
     for policy in policies:
         CompiledCondition(policy.condition)
+
+
+def _staged(**changes: object) -> PolicySpec:
+    stage = {"actions": [{"kind": "grad_compression", "bits": 4}],
+             "undo": [{"kind": "grad_compression", "bits": 8}]}
+    base = {"name": "s", "condition": "x > 10.0", "exit_condition": "x < 5.0", "for_s": 10,
+            "cooldown_s": 0, "stage_interval_s": 20, "hold_s": 30,
+            "stages": [stage, stage, stage]}
+    return PolicySpec.model_validate({**base, **changes})
+
+
+def _walk(policy: PolicySpec, signal: list[float], step_ms: int = 5_000):
+    state, kinds, stages = PolicyState(), [], []
+    for i, x in enumerate(signal):
+        state, kind = decide(policy, state, x > 10.0, i * step_ms, exit_holds=x < 5.0)
+        kinds.append(kind)
+        stages.append(state.stage)
+    return state, kinds, stages
+
+
+def test_stages_climb_while_holding_and_come_down_one_per_hold() -> None:
+    policy = _staged()
+    state, kinds, stages = _walk(policy, [20.0] * 20 + [1.0] * 30)
+    climbed = [k for k in kinds[:20] if k]
+    assert climbed == [DecisionKind.FIRED, DecisionKind.STAGED_UP, DecisionKind.STAGED_UP]
+    assert max(stages) == 3
+    came_down = [k for k in kinds[20:] if k]
+    assert came_down == [DecisionKind.STAGED_DOWN] * 3
+    assert state.stage == 0 and stages[-1] == 0
+    # each step down waited the hold time (30 s = 6 samples of 5 s)
+    downs = [i for i, k in enumerate(kinds) if k is DecisionKind.STAGED_DOWN]
+    assert [b - a for a, b in itertools.pairwise(downs)] == [6, 6]
+
+
+def test_noise_inside_the_hysteresis_band_never_flaps() -> None:
+    import random
+
+    rng = random.Random(7)
+    policy = _staged()
+    noisy = [rng.uniform(6.0, 14.0) for _ in range(200)]  # crosses enter, never reaches exit
+    _state, kinds, stages = _walk(policy, noisy)
+    assert DecisionKind.STAGED_DOWN not in kinds
+    assert stages == sorted(stages)  # only ever climbs
+
+
+def test_one_shot_policy_keeps_old_semantics() -> None:
+    assert _policy().one_shot and not _staged().one_shot
+
+
+def test_dry_run_walks_stages_but_only_says_so() -> None:
+    _state, kinds, stages = _walk(_staged(dry_run=True), [20.0] * 20)
+    assert [k for k in kinds if k] == [DecisionKind.DRY_RUN] * 3 and max(stages) == 3

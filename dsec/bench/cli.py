@@ -9,6 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.bench.policy_eval import policy_eval
+from dsec.bench.snapshot import snapshot_command
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
 
 
@@ -40,6 +43,5 @@ def pipeline(
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
 
 
-from dsec.bench.snapshot import snapshot_command  # noqa: E402
-
 bench_app.command("snapshot")(snapshot_command)
+bench_app.command("policy-eval")(policy_eval)

@@ -1,0 +1,174 @@
+"""``dsec policy``: write, check, publish, list, delete and replay policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dsec.settings import DsecSettings
+
+policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _load(path: Path):
+    from dsec.policy_engine.registry import PolicyRejected, compile_policy, parse_policy
+
+    try:
+        spec = parse_policy(path.read_bytes())
+        compile_policy(spec)
+    except PolicyRejected as exc:
+        err_console.print(f"[red]{path}: rejected:[/red] {exc.reason}")
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        err_console.print(f"[red]{path}: {exc.strerror}[/red]")
+        raise typer.Exit(2) from None
+    return spec
+
+
+@policy_app.command("validate")
+def validate(files: list[Path]) -> None:
+    """Check policy files (schema, bounds, CEL) without publishing anything."""
+    for path in files:
+        spec = _load(path)
+        console.print(f"{path}: {spec.name} v{spec.version} ok")
+
+
+@policy_app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of a policy file (point an editor's YAML/JSON support at it)."""
+    from dsec.schemas import PolicySpec
+
+    print(json.dumps(PolicySpec.model_json_schema(), indent=2, sort_keys=True))
+
+
+@policy_app.command("publish")
+def publish(
+    file: Path,
+    bump: Annotated[bool, typer.Option(help="Publish as the next version after the "
+                                             "one on the topic.")] = False,
+) -> None:
+    """Validate FILE, sign it with the configured key and publish it, keyed by its name."""
+    from dsec.policy_engine.policy_log import latest_by_name, publish_policy, read_policy_log
+    from dsec.schemas import PolicySpec, sign
+
+    settings = DsecSettings()
+    spec = _load(file)
+    latest = latest_by_name(read_policy_log(settings)[0]).get(spec.name)
+    if latest is not None:
+        running = PolicySpec.model_validate_json(latest.value).version
+        if bump:
+            spec = spec.model_copy(update={"version": max(spec.version, running + 1)})
+        elif spec.version <= running:
+            err_console.print(f"[red]{spec.name} v{running} is on the topic; publish a higher "
+                              "version (or --bump)[/red]")
+            raise typer.Exit(1)
+    publish_policy(settings, sign(spec, settings.signing_key_bytes()))
+    console.print(f"published {spec.name} v{spec.version}")
+
+
+@policy_app.command("delete")
+def delete(name: str) -> None:
+    """Delete policy NAME: a tombstone on the compacted policies topic."""
+    from dsec.policy_engine.policy_log import delete_policy
+
+    delete_policy(DsecSettings(), name)
+    console.print(f"deleted {name}")
+
+
+@policy_app.command("list")
+def list_policies(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The policies the engine would run: the built-in pack and the policies topic."""
+    from dsec.policy_engine.builtin import load_builtin_policies
+    from dsec.policy_engine.policy_log import read_policy_log
+    from dsec.policy_engine.registry import PolicyRegistry
+
+    settings = DsecSettings()
+    key = settings.signing_key_bytes()
+    registry = PolicyRegistry(key)
+    builtin = {p.name for p in load_builtin_policies()}
+    for policy in load_builtin_policies(key, settings.policy_params):
+        registry.install(policy)
+    rejected = {}
+    for record in read_policy_log(settings)[0]:
+        decision = registry.offer(record.key, record.value)
+        if decision is not None and decision.decision == "policy_rejected":
+            rejected[decision.policy_name] = decision.detail
+    rows = [{
+        "name": c.spec.name, "version": c.spec.version,
+        "versions": registry.versions(c.spec.name),
+        "source": "built-in" if c.spec.name in builtin and c.spec.version == 1 else "topic",
+        "priority": c.spec.priority, "dry_run": c.spec.dry_run,
+        "vectorised": c.enter.vectorised, "description": c.spec.description,
+    } for c in registry.active()]
+    if as_json:
+        print(json.dumps({"policies": rows, "rejected": rejected}))
+        return
+    table = Table()
+    for column in ("name", "version", "source", "priority", "dry_run", "description"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in ("name", "version", "source", "priority",
+                                              "dry_run", "description")))
+    console.print(table)
+    for name, reason in rejected.items():
+        console.print(f"[red]rejected[/red] {name}: {reason}")
+
+
+@policy_app.command("test")
+def test(
+    file: Path,
+    trace: Annotated[Path, typer.Option(help="Feature events, one JSON object a line.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a decision.")] = False,
+) -> None:
+    """Evaluate FILE offline against a recorded TRACE and print what it would have done."""
+    from dsec.policy_engine.trace import read_trace, replay
+    from dsec.schemas import DecodeError
+
+    spec = _load(file)
+    try:
+        result = replay([spec], read_trace(trace))
+    except DecodeError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    commands = {c.actuation_id: c for c in result.output.commands}
+    for decision in result.output.decisions:
+        command = commands.get(decision.actuation_id or "")
+        row = {
+            "event_time_ms": decision.event_time_ms,
+            "worker_id": decision.identity.worker_id if decision.identity else None,
+            "decision": str(decision.decision), "stage": decision.stage,
+            "action": command.action.model_dump(mode="json") if command else None,
+            "detail": decision.detail,
+        }
+        if as_json:
+            print(json.dumps(row))
+        else:
+            print(f"{row['event_time_ms']} {row['worker_id']} {row['decision']} "
+                  f"stage={row['stage']} {json.dumps(row['action'])} {row['detail']}")
+    summary = (f"{result.events} events, {len(result.output.decisions)} decisions, "
+               f"{len(result.output.commands)} commands")
+    err_console.print(summary) if as_json else console.print(summary)
+
+
+@policy_app.command("serve")
+def serve(
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers.")] = None,
+) -> None:
+    """Run the policy engine alone (no stream jobs, no store) until Ctrl-C."""
+    import logging
+
+    from dsec.policy_engine.service import run_policy_engine
+
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = DsecSettings(**({"bootstrap": bootstrap} if bootstrap else {}))
+    run_policy_engine(settings)

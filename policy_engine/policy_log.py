@@ -1,0 +1,89 @@
+"""The compacted policies topic as a log of record: read it whole, publish, tombstone."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from dsec.kafka_clients import make_consumer, make_producer
+from dsec.schemas import PolicySpec, encode, topic_names
+from dsec.settings import DsecSettings
+
+
+class PolicyLogError(RuntimeError):
+    """The policies topic could not be read or written."""
+
+
+@dataclass(frozen=True)
+class PolicyRecord:
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    offset: int
+
+
+def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
+        list[PolicyRecord], int]:
+    """Every record up to the end as of now, and the offset after the last one."""
+    topic = topic_names(settings.topic_prefix).policies
+    consumer = make_consumer(settings, f"dsec-policy-reader-{uuid.uuid4().hex[:8]}")
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise PolicyLogError(f"no topic {topic}")
+        if len(metadata.partitions) != 1:
+            raise PolicyLogError(f"{topic} must have one partition, so order is total")
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        records: list[PolicyRecord] = []
+        if high <= low:
+            return records, high
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                continue
+            records.append(PolicyRecord(message.key(), message.value(), message.offset()))
+            if message.offset() >= high - 1:
+                return records, high
+        raise PolicyLogError(f"timed out reading {topic} up to offset {high}")
+    finally:
+        consumer.close()
+
+
+def latest_by_name(records: list[PolicyRecord]) -> dict[str, PolicyRecord]:
+    """What compaction will leave: the last record of each key (tombstones dropped)."""
+    latest: dict[str, PolicyRecord] = {}
+    for record in records:
+        name = (record.key or b"").decode("utf-8", "replace")
+        if record.value is None:
+            latest.pop(name, None)
+        else:
+            latest[name] = record
+    return latest
+
+
+def _produce(settings: DsecSettings, key: bytes, value: bytes | None, timeout_s: float) -> None:
+    producer = make_producer(settings, "dsec-policy-cli")
+    failures: list[str] = []
+
+    def delivered(err, _message) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    producer.produce(topic_names(settings.topic_prefix).policies, key=key, value=value,
+                     on_delivery=delivered)
+    if producer.flush(timeout_s) != 0 or failures:
+        raise PolicyLogError(f"not delivered: {failures or 'timeout'}")
+
+
+def publish_policy(settings: DsecSettings, signed: PolicySpec, timeout_s: float = 30.0) -> None:
+    _produce(settings, signed.name.encode(), encode(signed), timeout_s)
+
+
+def delete_policy(settings: DsecSettings, name: str, timeout_s: float = 30.0) -> None:
+    _produce(settings, name.encode(), None, timeout_s)

@@ -1,0 +1,88 @@
+"""Wiring the policy engine into a Faust app: the registry built from the built-in pack
+(signed with this installation's key) and the policies topic, then the agents."""
+
+from __future__ import annotations
+
+import contextlib
+
+import faust
+
+from dsec.policy_engine.agent import (
+    TABLES,
+    EngineCounters,
+    EngineOptions,
+    register_policy_engine,
+)
+from dsec.policy_engine.builtin import load_builtin_policies
+from dsec.policy_engine.policy_log import read_policy_log
+from dsec.policy_engine.registry import PolicyRegistry
+from dsec.schemas import PolicyDecision, topic_names
+from dsec.settings import DsecSettings
+
+
+def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyDecision], int]:
+    """The registry, what loading it decided (for the audit log), and the policies-topic
+    offset the engine's agent takes over from."""
+    key = settings.signing_key_bytes()
+    registry = PolicyRegistry(key)
+    decisions: list[PolicyDecision] = []
+    for policy in load_builtin_policies(key, settings.policy_params):
+        record = registry.install(policy)
+        if record is not None:
+            decisions.append(record)
+    records, next_offset = read_policy_log(settings)
+    for entry in records:
+        record = registry.offer(entry.key, entry.value)
+        if record is not None:
+            decisions.append(record)
+    return registry, decisions, next_offset
+
+
+def ensure_changelog_topics(settings: DsecSettings, app_id: str, partitions: int) -> None:
+    """The engine's table changelogs, made before Faust starts: a changelog Faust creates
+    itself can be missing from the first metadata it reads, and the agent then stalls."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    wanted = [
+        NewTopic(f"{app_id}-{table}-changelog", partitions, 1,
+                 config={"cleanup.policy": "compact"})
+        for table in TABLES
+    ]
+    for future in admin.create_topics(wanted, request_timeout=30).values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise
+
+
+def register(
+    app: faust.App, settings: DsecSettings, options: EngineOptions | None = None
+) -> EngineCounters:
+    ensure_changelog_topics(settings, app.conf.id, app.conf.topic_partitions)
+    registry, decisions, next_offset = build_registry(settings)
+    return register_policy_engine(
+        app, topic_names(settings.topic_prefix), registry, settings.signing_key_bytes(),
+        options=options, startup_decisions=decisions, policies_from_offset=next_offset,
+    )
+
+
+def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = None) -> None:
+    """The policy engine on its own (no stream jobs, no store) until SIGINT/SIGTERM."""
+    from confluent_kafka.admin import AdminClient
+
+    from dsec.infra.topics import ensure_topics
+    from dsec.stream_jobs.faust_app import make_faust_app
+
+    settings.data_dir.resolve().mkdir(parents=True, exist_ok=True)
+    ensure_topics(settings)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    features = topic_names(settings.topic_prefix).features
+    partitions = len(admin.list_topics(features, timeout=30).topics[features].partitions)
+    app = make_faust_app(f"{settings.topic_prefix}-policy-engine", settings, partitions)
+    register(app, settings, options)
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+    with contextlib.suppress(SystemExit):
+        worker.execute_from_commandline()

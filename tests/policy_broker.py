@@ -1,0 +1,147 @@
+"""Helpers for the policy engine's real-broker tests: the engine as its own process
+(``dsec policy serve``), feature traces in, commands and audit records read back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from helpers import wait_for
+
+from dsec.schemas import (
+    ActuationCommand,
+    FeatureEvent,
+    PolicyDecision,
+    WorkerIdentity,
+    decode,
+    encode,
+    topic_names,
+)
+from dsec.settings import DsecSettings
+
+GIB = 1 << 30
+HEALTHY = {
+    "reward_episodes": 20.0, "reward_variance_jump_ratio": 1.0,
+    "episode_same_end_streak": 1.0, "grad_norm_spike_z": 0.5, "grad_nonfinite_count": 0.0,
+    "loss_nonfinite_count": 0.0, "grad_sync_latency_p50_ms": 20.0,
+    "grad_sync_latency_p95_ms": 30.0, "grad_sync_latency_p99_ms": 40.0,
+    "grad_sync_bytes_per_s": 50e6, "gpu_memory_used_bytes": 5.0 * GIB,
+    "gpu_thermal_throttle_events": 0.0, "heartbeat_age_s": 1.0, "worker_lost": 0.0,
+    "pool_utilisation_rate": 0.75, "breaker_trips_per_hour": 1.0,
+    "snapshot_recovery_time_s": 2.0,
+}
+
+
+def env_for(settings: DsecSettings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DSEC_BOOTSTRAP": settings.bootstrap,
+        "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+        "DSEC_DATA_DIR": str(settings.data_dir),
+        "DSEC_SIGNING_KEY": settings.signing_key.get_secret_value(),
+    }
+
+
+class EngineProcess:
+    """``dsec policy serve`` in its own process; stopped with SIGINT, like an operator."""
+
+    def __init__(self, settings: DsecSettings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> EngineProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "dsec.cli", "policy", "serve"],
+                env=env_for(self.settings), stdout=log, stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class Reader:
+    """Everything on one topic since the beginning, decoded, polled on demand."""
+
+    def __init__(self, settings: DsecSettings, topic: str, model) -> None:
+        self.model = model
+        self.items: list = []
+        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap,
+                                  "group.id": uuid.uuid4().hex, "enable.auto.commit": False,
+                                  "auto.offset.reset": "earliest"})
+        metadata = self.consumer.list_topics(topic, timeout=30).topics[topic]
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+
+    def drain(self, seconds: float = 0.5) -> list:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = self.consumer.poll(0.2)
+            if message is None or message.error():
+                continue
+            if self.model is None:
+                self.items.append((message.key(), message.value()))
+            else:
+                self.items.append(decode(message.value(), self.model))
+        return self.items
+
+    def wait(self, predicate, timeout_s: float, what: str):
+        """The predicate's answer, or everything read when that answer is just ``True``."""
+        value = wait_for(lambda: predicate(self.drain()), timeout_s, interval_s=0, what=what)
+        return self.items if value is True else value
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class Rig:
+    def __init__(self, settings: DsecSettings) -> None:
+        self.settings = settings
+        topics = topic_names(settings.topic_prefix)
+        self.topics = topics
+        self.producer = Producer({"bootstrap.servers": settings.bootstrap,
+                                  "enable.idempotence": True, "acks": "all"})
+        self.commands = Reader(settings, topics.actuations, ActuationCommand)
+        self.decisions = Reader(settings, topics.decisions, PolicyDecision)
+        self.policies = Reader(settings, topics.policies, None)
+
+    def send(self, events: list[FeatureEvent]) -> None:
+        for event in events:
+            self.producer.produce(self.topics.features, key=event.identity.worker_id.encode(),
+                                  value=encode(event))
+        assert self.producer.flush(30) == 0
+
+    def raw_policy(self, key: bytes, value: bytes | None) -> None:
+        self.producer.produce(self.topics.policies, key=key, value=value)
+        assert self.producer.flush(30) == 0
+
+    def close(self) -> None:
+        for reader in (self.commands, self.decisions, self.policies):
+            reader.close()
+
+
+def trace(features: dict, seconds: int, worker: str, start_ms: int, step_s: int = 5,
+          tags: dict | None = None) -> list[FeatureEvent]:
+    identity = WorkerIdentity(job_id="job", worker_id=worker, node_id=f"node-{worker}")
+    return [FeatureEvent(identity=identity, event_time_ms=start_ms + t * 1000,
+                         features=features, tags=tags or {"episode_end_reason": "wall"},
+                         gpu_uuid="GPU-1")
+            for t in range(0, seconds, step_s)]

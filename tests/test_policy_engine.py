@@ -1,0 +1,237 @@
+"""The engine on feature traces, as pure functions: every built-in policy fires on a trace
+made to trigger it and stays quiet on a healthy one; priorities, dry-run, meta-policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsec.policy_engine.builtin import load_builtin_policies
+from dsec.policy_engine.engine import render_alert
+from dsec.policy_engine.trace import replay
+from dsec.schemas import FeatureEvent, PolicySpec, WorkerIdentity
+from dsec.schemas.policies import DecisionKind
+
+GIB = 1 << 30
+HEALTHY = {
+    "reward_episodes": 20.0, "reward_variance_jump_ratio": 1.0,
+    "episode_same_end_streak": 1.0, "grad_norm_spike_z": 0.5, "grad_nonfinite_count": 0.0,
+    "loss_nonfinite_count": 0.0, "grad_sync_latency_p50_ms": 20.0,
+    "grad_sync_latency_p95_ms": 30.0, "grad_sync_latency_p99_ms": 40.0,
+    "grad_sync_bytes_per_s": 50e6, "gpu_memory_used_bytes": 5.0 * GIB,
+    "gpu_thermal_throttle_events": 0.0, "heartbeat_age_s": 1.0, "worker_lost": 0.0,
+    "pool_utilisation_rate": 0.75, "breaker_trips_per_hour": 1.0,
+    "snapshot_recovery_time_s": 2.0,
+}
+# What makes each built-in policy fire; periodic-snapshot fires on any live worker, so
+# its quiet trace is a silent one.
+TRIGGERS = {
+    "bandwidth-latency-breaker": {"grad_sync_latency_p95_ms": 120.0},
+    "elastic-memory-quota": {"gpu_memory_used_bytes": 13.0 * GIB},
+    "stuck-episode": {"episode_same_end_streak": 3.0},
+    "precision-downgrade": {"grad_nonfinite_count": 2.0},
+    "periodic-snapshot": {},
+    "gpu-degradation-snapshot": {"gpu_thermal_throttle_events": 4.0},
+    "worker-lost": {"worker_lost": 1.0, "heartbeat_age_s": 20.0},
+    "reward-variance-jump": {"reward_variance_jump_ratio": 6.0},
+    "meta-breaker-trips": {"breaker_trips_per_hour": 5.0},
+    "meta-snapshot-recovery": {"snapshot_recovery_time_s": 12.0},
+    "meta-pool-utilisation": {"pool_utilisation_rate": 0.2},
+}
+QUIET = {"periodic-snapshot": {"heartbeat_age_s": 60.0}}
+
+
+def trace(features: dict, seconds: int, step_s: int = 5, worker: str = "w1",
+          tags: dict | None = None, start_ms: int = 1_000_000) -> list[FeatureEvent]:
+    identity = WorkerIdentity(job_id="job", worker_id=worker, node_id="node-1")
+    return [FeatureEvent(identity=identity, event_time_ms=start_ms + t * 1000,
+                         features=features, tags=tags or {"episode_end_reason": "collision"},
+                         gpu_uuid="GPU-1")
+            for t in range(0, seconds, step_s)]
+
+
+def _pack(name: str) -> list[PolicySpec]:
+    pack = {p.name: p for p in load_builtin_policies()}
+    chosen = [pack[name]]
+    if pack[name].tune is not None:
+        chosen.append(pack[pack[name].tune.policy])
+    return chosen
+
+
+def _acted(decisions, name: str) -> list:
+    return [d for d in decisions if d.policy_name == name
+            and d.decision in (DecisionKind.FIRED, DecisionKind.STAGED_UP)]
+
+
+def test_every_builtin_policy_has_a_trigger() -> None:
+    assert {p.name for p in load_builtin_policies()} == set(TRIGGERS)
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_builtin_policy_fires_on_its_trigger_and_not_when_healthy(name: str) -> None:
+    seconds = 3 * 3600 if name == "meta-pool-utilisation" else 120
+    fired = replay(_pack(name), trace({**HEALTHY, **TRIGGERS[name]}, seconds, step_s=60
+                                      if seconds > 3600 else 5))
+    assert _acted(fired.output.decisions, name), name
+    quiet = replay(_pack(name), trace({**HEALTHY, **QUIET.get(name, {})}, seconds))
+    assert not [d for d in quiet.output.decisions if d.policy_name == name], name
+    assert not [c for c in quiet.output.commands if c.policy_name == name], name
+
+
+def test_breaker_walks_up_three_stages_and_back_down() -> None:
+    over = trace({**HEALTHY, "grad_sync_latency_p95_ms": 120.0}, 200)
+    calm = trace(HEALTHY, 400, start_ms=1_000_000 + 200_000)
+    result = replay(_pack("bandwidth-latency-breaker"), over + calm)
+    kinds = [(d.decision, d.stage) for d in result.output.decisions]
+    assert kinds == [
+        (DecisionKind.FIRED, 1), (DecisionKind.STAGED_UP, 2), (DecisionKind.STAGED_UP, 3),
+        (DecisionKind.STAGED_DOWN, 2), (DecisionKind.STAGED_DOWN, 1),
+        (DecisionKind.STAGED_DOWN, 0),
+    ]
+    actions = [c.action.model_dump(mode="json") for c in result.output.commands]
+    assert actions == [
+        {"kind": "grad_compression", "bits": 4}, {"kind": "grad_accumulation", "steps": 4},
+        {"kind": "sampler", "paused": True}, {"kind": "sampler", "paused": False},
+        {"kind": "grad_accumulation", "steps": 1}, {"kind": "grad_compression", "bits": 8},
+    ]
+    assert len({c.actuation_id for c in result.output.commands}) == 6
+    assert all(c.target.node_id == "node-1" and c.policy_version == 1
+               and c.expires_at_ms > c.event_time_ms for c in result.output.commands)
+
+
+def test_breaker_third_stage_needs_latency_still_over() -> None:
+    over = trace({**HEALTHY, "grad_sync_bytes_per_s": 400e6}, 300)  # bandwidth only
+    result = replay(_pack("bandwidth-latency-breaker"), over)
+    assert max(d.stage for d in result.output.decisions) == 2
+
+
+def test_breaker_does_not_flap_on_a_noisy_signal() -> None:
+    import random
+
+    rng = random.Random(3)
+    events = []
+    for i, event in enumerate(trace(HEALTHY, 1800)):
+        latency = rng.uniform(70.0, 100.0)  # around the 85 ms cap, above the 68 ms exit
+        events.append(event.model_copy(update={
+            "features": {**HEALTHY, "grad_sync_latency_p95_ms": latency},
+            "event_time_ms": event.event_time_ms + i}))
+    result = replay(_pack("bandwidth-latency-breaker"), events)
+    kinds = [d.decision for d in result.output.decisions]
+    assert DecisionKind.STAGED_DOWN not in kinds
+    assert len(result.output.commands) <= 3
+
+
+def test_stuck_episode_alert_names_the_worker_and_where() -> None:
+    result = replay(_pack("stuck-episode"),
+                    trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10, worker="42"))
+    assert "alert Agent_42_episode_stuck_collision_3x" in result.output.decisions[0].detail
+    assert {c.action.model_dump(mode="json")["kind"] for c in result.output.commands} == {
+        "memory_cap", "sync_priority"}
+    assert result.output.commands[0].action.limit_bytes == 4 * GIB
+
+
+def test_meta_policy_publishes_a_tuned_version() -> None:
+    result = replay(_pack("meta-breaker-trips"),
+                    trace({**HEALTHY, "breaker_trips_per_hour": 5.0}, 10))
+    (published,) = result.output.policies
+    assert published.name == "bandwidth-latency-breaker" and published.version == 2
+    assert published.params["latency_cap_ms"] == 75 and published.signature
+
+
+def test_higher_priority_holds_the_knob() -> None:
+    pack = {p.name: p for p in load_builtin_policies()}
+    features = {**HEALTHY, "worker_lost": 1.0, "episode_same_end_streak": 3.0}
+    result = replay([pack["worker-lost"], pack["stuck-episode"]], trace(features, 10))
+    by_kind = {(c.policy_name, c.action.kind) for c in result.output.commands}
+    assert ("worker-lost", "sync_priority") in by_kind
+    assert ("stuck-episode", "sync_priority") not in by_kind
+    assert ("stuck-episode", "memory_cap") in by_kind
+    assert any(d.decision is DecisionKind.SUPPRESSED_PRIORITY for d in result.output.decisions)
+
+
+def test_dry_run_is_audited_and_emits_nothing() -> None:
+    policy = _pack("stuck-episode")[0].model_copy(update={"dry_run": True})
+    result = replay([policy], trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10))
+    assert not result.output.commands
+    assert [d.decision for d in result.output.decisions] == [DecisionKind.DRY_RUN]
+    assert "would apply stage 1" in result.output.decisions[0].detail
+
+
+def test_selector_limits_the_targets() -> None:
+    base = _pack("stuck-episode")[0]
+    policy = PolicySpec.model_validate({**base.model_dump(mode="json", exclude_none=True),
+                                        "selector": {"pools": ["a100-pool"]}})
+    features = {**HEALTHY, "episode_same_end_streak": 3.0}
+    other = trace(features, 10, worker="w1", tags={"pool": "h100-pool"})
+    mine = trace(features, 10, worker="w2", tags={"pool": "a100-pool"})
+    result = replay([policy], other + mine)
+    assert {c.target.worker_id for c in result.output.commands} == {"w2"}
+
+
+def test_alert_template_runs_nothing() -> None:
+    event = trace(HEALTHY, 1, tags={"x": "y"})[0]
+    spec = _pack("stuck-episode")[0]
+    assert render_alert("{__class__}{x}{worker_id}", spec, event) == "unknownyw1"
+
+
+def test_batches_and_single_events_decide_alike() -> None:
+    events = (trace({**HEALTHY, "grad_sync_latency_p95_ms": 120.0}, 200)
+              + trace(HEALTHY, 400, start_ms=1_200_000)
+              + trace({**HEALTHY, "episode_same_end_streak": 3.0}, 100, worker="w2"))
+    pack = load_builtin_policies()
+    one = replay(pack, events, batch_size=1)
+    many = replay(pack, events, batch_size=64)
+    assert len(one.output.commands) > 6
+    assert sorted(c.actuation_id for c in one.output.commands) == sorted(
+        c.actuation_id for c in many.output.commands)
+
+
+def test_a_deferred_claim_takes_effect_when_the_holder_lets_go() -> None:
+    pack = {p.name: p for p in load_builtin_policies()}
+    lost = {**HEALTHY, "worker_lost": 1.0, "episode_same_end_streak": 3.0}
+    back = {**HEALTHY, "episode_same_end_streak": 3.0}
+    events = trace(lost, 10) + trace(back, 60, start_ms=1_010_000)
+    result = replay([pack["worker-lost"], pack["stuck-episode"]], events)
+    sync = [(c.policy_name, c.action.level) for c in result.output.commands
+            if c.action.kind == "sync_priority"]
+    # worker-lost (400) holds the knob; stuck-episode's -1 waits, then resumes, not 0
+    assert sync == [("worker-lost", -3), ("stuck-episode", -1)]
+
+
+def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
+    from dsec.policy_engine.engine import Engine
+    from dsec.policy_engine.registry import PolicyRegistry
+    from dsec.schemas import sign
+
+    key = b"k"
+    registry = PolicyRegistry(key)
+    nudge = sign(PolicySpec.model_validate({
+        "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
+        "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
+                                       "ttl_s": 30}}), key)
+    low = sign(PolicySpec.model_validate({
+        "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}), key)
+    registry.install(nudge)
+    registry.install(low)
+    engine = Engine(registry, {}, {}, key)
+    first = engine.evaluate(trace({**HEALTHY, "worker_lost": 1.0}, 5))
+    during = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
+                                   worker="w1", start_ms=1_010_000))
+    assert [c.policy_name for c in first.commands] == ["nudge"]
+    assert not during.commands
+    assert during.decisions[0].decision is DecisionKind.SUPPRESSED_PRIORITY
+    engine.states.clear()
+    after = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
+                                  worker="w1", start_ms=1_100_000))
+    assert [c.policy_name for c in after.commands] == ["low"]
+
+
+def test_a_policy_that_fails_at_run_time_is_reported_once_and_the_others_go_on() -> None:
+    odd = PolicySpec.model_validate({
+        "name": "odd", "condition": "size('abc') > 0 ? worker_lost : 1.0",  # not a bool
+        "action": {"params": {"kind": "snapshot"}}})
+    pack = {p.name: p for p in load_builtin_policies()}
+    result = replay([odd, pack["worker-lost"]], trace({**HEALTHY, "worker_lost": 1.0}, 20))
+    errors = [d for d in result.output.decisions if d.decision is DecisionKind.EVALUATION_ERROR]
+    assert len(errors) == 1 and errors[0].policy_name == "odd"
+    assert [c.policy_name for c in result.output.commands] == ["worker-lost"]
