@@ -73,7 +73,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the broker ends when its parent does."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -155,7 +155,7 @@ class LocalKafka:
         with console.open("ab") as out:
             self._process = subprocess.Popen(
                 self._java_command(lib_dir, "kafka.Kafka", str(config_path)),
-                stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
         self._wait_ready(console)
         return self.bootstrap

@@ -8,14 +8,17 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import faust
 
 from dsec.infra.clickhouse import connect, ensure_schema
-from dsec.infra.kafka_local import LocalKafka
+from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import consumer_config
@@ -80,6 +83,7 @@ class StackOptions:
     partitions: int | None = None
     window_episodes: int = 20
     services: frozenset[str] = frozenset(SERVICES)
+    sink_in_own_process: bool = True
 
 
 def _wait_for_signal() -> None:
@@ -87,6 +91,42 @@ def _wait_for_signal() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
+
+
+def _start_sink_process(
+    settings: DsecSettings, data_dir: Path, stopping: threading.Event, timeout_s: float = 120.0
+) -> subprocess.Popen[bytes]:
+    """``dsec up --services sink`` beside this process; returns once it serves queries.
+    If it dies while this stack runs, this stack stops too (a supervisor restarts both)."""
+    command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,
+               "--services", "sink", "--data-dir", str(data_dir)]
+    env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix}
+    process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    deadline = time.monotonic() + timeout_s
+    while read_stack_state(data_dir) is None:
+        if process.poll() is not None or time.monotonic() > deadline:
+            _stop_process(process)
+            raise RuntimeError("the ClickHouse sink process did not start")
+        time.sleep(0.1)
+
+    def watch() -> None:
+        process.wait()
+        if not stopping.is_set():
+            log.error("the ClickHouse sink process exited (%s); stopping", process.returncode)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dsec-sink-watch", daemon=True).start()
+    return process
+
+
+def _stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def run_stack(settings: DsecSettings, options: StackOptions) -> None:
@@ -98,8 +138,10 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     kafka: LocalKafka | None = None
     sink: ClickHouseSink | None = None
+    sink_process: subprocess.Popen[bytes] | None = None
     query_server: QueryServer | None = None
     state_path: Path | None = None
+    stopping = threading.Event()
     try:
         if options.start_kafka:
             kafka = LocalKafka(data_dir=data_dir / "kafka", port=options.kafka_port)
@@ -110,7 +152,12 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         state: dict = {"pid": os.getpid(), "bootstrap": settings.bootstrap,
                        "topic_prefix": settings.topic_prefix,
                        "services": sorted(options.services)}
-        if "sink" in options.services:
+        faust_services = options.services - {"sink"}
+        if "sink" in options.services and faust_services and options.sink_in_own_process:
+            # The sink decodes every sample again and writes them all: on its own process it
+            # runs beside the stream jobs instead of sharing their interpreter lock.
+            sink_process = _start_sink_process(settings, data_dir, stopping)
+        elif "sink" in options.services:
             client = connect(settings.clickhouse_target())
             ensure_schema(client, settings.clickhouse_ttl_days)
             client_lock = threading.Lock()
@@ -122,7 +169,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             query_server.start()
             state.update(query_port=query_server.port, query_token=query_server.token,
                          clickhouse=settings.clickhouse_target())
-        state_path = _write_state(data_dir, state)
+        if sink_process is None:
+            state_path = _write_state(data_dir, state)
         if options.services == {"sink"}:
             _wait_for_signal()
             return
@@ -140,6 +188,9 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()
     finally:
+        stopping.set()
+        if sink_process is not None:
+            _stop_process(sink_process)
         if state_path is not None:
             state_path.unlink(missing_ok=True)
         if query_server is not None:

@@ -70,4 +70,9 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
         # Probe messages carry ~1000 samples (~60 kB): fetch many per partition per round.
         consumer_max_fetch_size=16 * 1024 * 1024,
         stream_buffer_maxsize=8192,
+        # Features and changelog entries go out in batches, not one request each.
+        producer_linger=0.005,
+        producer_max_batch_size=1 << 20,
+        producer_max_request_size=8 << 20,
+        producer_compression_type="lz4",
     )

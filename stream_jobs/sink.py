@@ -9,7 +9,7 @@ Kafka. Nothing is stored twice:
   so a crash between the write and the commit does not replay the batch;
 - the smaller topics are deduplicated by event id (derived outputs of the stream
   jobs carry deterministic ids, so a replayed stream batch re-derives the same ids);
-- every insert carries its content's hash as the deduplication token.
+- every insert carries the hash of its events' ids as the deduplication token.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,24 @@ class _RecentIds:
 
 
 @dataclass
+class PreparedBatch:
+    """A consumed batch, decoded: what each table receives, and where the next one starts.
+    Each table's deduplication token hashes the ids of the events it holds."""
+
+    arrow: dict[str, Any] = field(default_factory=dict)
+    rows: dict[str, list[rows.Row]] = field(default_factory=dict)
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    tokens: dict[str, Any] = field(default_factory=dict)
+
+    def token(self, table: str) -> Any:
+        return self.tokens.setdefault(table, hashlib.blake2b(digest_size=16))
+
+    def commit_offsets(self) -> list[TopicPartition]:
+        return [TopicPartition(topic, partition, offset)
+                for (topic, partition), offset in self.next_offsets.items()]
+
+
+@dataclass
 class SinkCounters:
     messages: int = 0
     samples: int = 0
@@ -125,6 +144,7 @@ class ClickHouseSink:
         self._group = str(consumer_config["group.id"])
         self._metrics_topic = topics.metrics
         self._routes = routes_for(topics)
+        self._tables = {route.table: route for route in self._routes.values()}
         self._batch_max = batch_max_messages
         self._poll_timeout_s = poll_timeout_s
         self._recent = {route.table: _RecentIds(remember_ids) for route in self._routes.values()}
@@ -174,23 +194,41 @@ class ClickHouseSink:
         consumer.assign(partitions)
 
     def run(self) -> None:
+        """Consume, prepare, store, commit; a batch is prepared while the one before is
+        being stored (the ClickHouse engine releases the interpreter lock while it writes)."""
         consumer = Consumer(self._consumer_config)
         consumer.subscribe(self.topics, on_assign=self._on_assign)
+        pending: tuple[Future[None], PreparedBatch] | None = None
+
+        def finish() -> None:
+            future, batch = pending  # type: ignore[misc]
+            future.result()
+            if batch.next_offsets:
+                consumer.commit(offsets=batch.commit_offsets(), asynchronous=False)
+
         try:
-            while not self._stop.is_set():
-                messages = consumer.consume(self._batch_max, self._poll_timeout_s)
-                if messages:
-                    self.write(messages)
-                    consumer.commit(asynchronous=False)
+            with ThreadPoolExecutor(1, thread_name_prefix="dsec-sink-writer") as writer:
+                while not self._stop.is_set():
+                    messages = consumer.consume(self._batch_max, self._poll_timeout_s)
+                    prepared = self.prepare(messages) if messages else None
+                    if pending is not None:
+                        finish()
+                        pending = None
+                    if prepared is not None:
+                        pending = (writer.submit(self.store, prepared), prepared)
+                if pending is not None:
+                    finish()
         finally:
             consumer.close()
 
     def write(self, messages: list[Message]) -> None:
         """Stores a consumed batch and records where the next one starts."""
+        self.store(self.prepare(messages))
+
+    def prepare(self, messages: list[Message]) -> PreparedBatch:
+        """Decodes and deduplicates a consumed batch into what each table receives."""
         raw = RawColumnsBuilder()
-        by_table: dict[str, list[rows.Row]] = {}
-        digests: dict[str, Any] = {}
-        next_offsets: dict[tuple[str, int], int] = {}
+        batch = PreparedBatch()
         for message in messages:
             error = message.error()
             if error is not None:
@@ -198,10 +236,10 @@ class ClickHouseSink:
                     log.warning("sink: %s", error)
                 continue
             topic, value = message.topic(), message.value()
-            next_offsets[(topic, message.partition())] = message.offset() + 1
+            batch.next_offsets[(topic, message.partition())] = message.offset() + 1
             self.counters.messages += 1
             if topic == self._metrics_topic:
-                self._add_raw(raw, value, digests)
+                self._add_raw(raw, value, batch)
                 continue
             route = self._routes.get(topic)
             if route is None:
@@ -217,28 +255,33 @@ class ClickHouseSink:
                 self.counters.duplicates_skipped += 1
                 continue
             self._recent[route.table].add(event_id)
-            by_table.setdefault(route.table, []).extend(route.to_rows(event))
-            digests.setdefault(route.table, hashlib.blake2b(digest_size=16)).update(value)
-        for table, arrow_table in raw.tables().items():
-            self._insert(table, lambda t=table, a=arrow_table, d=digests["raw"]: self._client
-                         .insert_arrow(t, a, settings={"insert_deduplication_token":
-                                                       f"{t}:{d.hexdigest()}"}))
+            batch.rows.setdefault(route.table, []).extend(route.to_rows(event))
+            batch.token(route.table).update(event_id.encode())
+        batch.arrow = raw.tables()
+        return batch
+
+    def store(self, batch: PreparedBatch) -> None:
+        """Writes a prepared batch, then where the next one starts (``sink_offsets``)."""
+        for table, arrow_table in batch.arrow.items():
+            token = f"{table}:{batch.token('raw').hexdigest()}"
+            self._insert(table, lambda t=table, a=arrow_table, k=token: self._client.insert_arrow(
+                t, a, settings={"insert_deduplication_token": k}))
             self._count(table, arrow_table.num_rows)
-        for table, table_rows in by_table.items():
-            route = next(r for r in self._routes.values() if r.table == table)
-            token = digests[table].hexdigest()
+        for table, table_rows in batch.rows.items():
+            route = self._tables[table]
+            token = batch.token(table).hexdigest()
             self._insert(table, lambda t=table, r=table_rows, c=route.columns, k=token:
                          self._client.insert(t, r, column_names=c,
                                              settings={"insert_deduplication_token": k}))
             self._count(table, len(table_rows))
-        if next_offsets:
+        if batch.next_offsets:
             offset_rows = [[self._group, topic, partition, offset]
-                           for (topic, partition), offset in next_offsets.items()]
+                           for (topic, partition), offset in batch.next_offsets.items()]
             self._insert("sink_offsets", lambda: self._client.insert(
                 "sink_offsets", offset_rows,
                 column_names=["consumer_group", "topic", "partition", "next_offset"]))
 
-    def _add_raw(self, raw: RawColumnsBuilder, value: bytes, digests: dict[str, Any]) -> None:
+    def _add_raw(self, raw: RawColumnsBuilder, value: bytes, batch: PreparedBatch) -> None:
         try:
             decoded = decode_metric_batch(value)
         except DecodeError:
@@ -252,7 +295,7 @@ class ClickHouseSink:
         self._recent_batches.add(batch_id)
         raw.add(decoded.header, decoded.frames)
         self.counters.samples += decoded.sample_count()
-        digests.setdefault("raw", hashlib.blake2b(digest_size=16)).update(value)
+        batch.token("raw").update(batch_id.encode())
 
     def _count(self, table: str, added: int) -> None:
         self.counters.rows_by_table[table] = self.counters.rows_by_table.get(table, 0) + added

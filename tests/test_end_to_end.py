@@ -73,9 +73,10 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
         f"SELECT status, action FROM actuation_results WHERE worker_id = '{worker_id}'",
     ), 60, what="the actuation result in ClickHouse")
     assert ["applied", "snapshot"] in applied
-    actuations = _rows(settings, "SELECT policy_name, node_id FROM actuations "
-                                 f"WHERE worker_id = '{worker_id}' "
-                                 "AND policy_name = 'reward-variance-jump'")
+    actuations = wait_for(lambda: _rows(
+        settings, "SELECT policy_name, node_id FROM actuations "
+                  f"WHERE worker_id = '{worker_id}' AND policy_name = 'reward-variance-jump'",
+    ), 30, what="the actuation row")  # another topic: it may land after the result
     assert actuations == [["reward-variance-jump", "node-a"]]
     kinds = dict(wait_for(lambda: _rows(
         settings,
