@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import faust
-
 from dsec.infra.clickhouse import connect, ensure_schema
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
@@ -25,7 +23,7 @@ from dsec.kafka_clients import consumer_config
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
-from dsec.stream_jobs.faust_app import make_faust_app
+from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app
 from dsec.stream_jobs.metrics_job import register_metrics_job
 from dsec.stream_jobs.sink import ClickHouseSink
 from dsec.stream_jobs.worker_features import FeatureConfig
@@ -184,7 +182,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             )
         if "policy-engine" in options.services:
             register_policy_engine(app, settings)
-        worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+        worker = QuietWorker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()
     finally:

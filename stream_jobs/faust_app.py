@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import faust
@@ -25,6 +26,14 @@ class DsecFaustApp(faust.App):
 
     def _new_producer_transport(self) -> _Transport:
         return _Transport(self.conf.broker_producer, self)
+
+
+class QuietWorker(faust.Worker):
+    """A Faust worker whose root logger stays at the chosen level: Faust leaves it at DEBUG,
+    and every message sent then builds a debug record before it is filtered out."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        logger.setLevel(level)
 
 
 def _credentials(settings: DsecSettings) -> faust.types.auth.CredentialsT | None:

@@ -3,8 +3,8 @@
 1. A topic is filled with probe-shaped batches (columnar, ``samples_per_message`` each).
 2. A bare confluent-kafka consumer reads and decodes every message (orjson): the
    practical limit of a Python consumer.
-3. The stream stack (``dsec up`` on the same broker: the Faust metrics job, the policy
-   engine and the ClickHouse sink, in one process) works through the same messages;
+3. The stream stack (``dsec up --services stream-jobs,sink`` on the same broker: the Faust
+   metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
    is not counted, and it includes features, GPU profiles and the ClickHouse writes.
 """
@@ -26,12 +26,14 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import SERVICES, sink_group, stream_group
+from dsec.infra.stack import sink_group, stream_group
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import producer_config
 from dsec.schemas import encode, topic_names
 from dsec.settings import DsecSettings
 from dsec.stream_jobs.traces import TraceIdentity, training_batch
+
+BENCH_SERVICES = frozenset({"stream-jobs", "sink"})  # the policy engine reads features only
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,11 @@ def _pipeline_rate(
            "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_SIGNING_KEY": "bench"}
     log = (data_dir / "stack.log").open("wb")
     stack = subprocess.Popen(
-        [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap],
+        [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,
+         "--services", ",".join(sorted(BENCH_SERVICES))],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
-    groups = {"stream_job": stream_group(settings, frozenset(SERVICES)),
+    groups = {"stream_job": stream_group(settings, BENCH_SERVICES),
               "sink": sink_group(settings)}
     probes = {name: Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
                               "enable.auto.commit": False, **settings.kafka_security()})
