@@ -1,4 +1,4 @@
-"""Probe configuration: argument, then ``DSEC_*`` environment, then default; validated once."""
+"""Probe configuration: argument, then `DSEC_PROBE_*` environment, then default; validated once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ class ProbeConfig(BaseSettings):
     flush_interval_s: float = Field(default=0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
     buffer_max_samples: int = Field(default=100_000, ge=1)
-    grad_norm_every_n_steps: int = Field(default=1, ge=1)
+    # The fused norm reads every gradient once (~20 us for 100k parameters on one CPU
+    # thread, ~1 % of a 2 ms step); every 10th step keeps it under 0.1 %.
+    grad_norm_every_n_steps: int = Field(default=10, ge=1)
     message_timeout_s: float = Field(default=300.0, gt=0)
     shutdown_flush_timeout_s: float = Field(default=10.0, ge=0)
+    # Local queue of the Kafka client, in messages (one message is one flush).
+    transport_queue_max_messages: int = Field(default=10_000, ge=1)
+    grad_sync_timing: bool = True
+    cuda_memory_interval_s: float = Field(default=1.0, ge=0)  # 0: off
+    gpu_sample_interval_s: float = Field(default=1.0, ge=0)  # NVML; 0: off
+    gpu_indices: tuple[int, ...] | None = None  # NVML device indices; None: every GPU

@@ -25,6 +25,7 @@ from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[], None]
+Collector = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,11 @@ class Probe:
         self._global_step = 0
         self._last_loss: Any = None
         self._last_grad_norm: Any = None
+        self._grad_norm_from_trainer = False
         self._last_step_end_s: float | None = None
         self._step_callbacks: list[StepCallback] = []
+        self._collectors: list[Collector] = []
+        self._failed_collectors: set[int] = set()
         self._hook_handles: list[Any] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,6 +116,14 @@ class Probe:
         """Keeps the loss for the next step sample; a tensor is read off the training thread."""
         self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
 
+    def note_grad_norm(self, total_norm: Any) -> None:
+        """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
+        the probe uses it for this step instead of computing its own."""
+        if total_norm is None:
+            return
+        self._last_grad_norm = total_norm.detach() if hasattr(total_norm, "detach") else total_norm
+        self._grad_norm_from_trainer = True
+
     def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
         """One optimizer step; called by the optimizer hook or by a custom loop."""
         now_s = time.perf_counter()
@@ -120,12 +132,38 @@ class Probe:
             step_time_ms = (now_s - self._last_step_end_s) * 1000.0
         self._last_step_end_s = now_s
         loss = loss if loss is not None else self._last_loss
+        from_trainer = self._grad_norm_from_trainer or grad_norm is not None
         grad_norm = grad_norm if grad_norm is not None else self._last_grad_norm
         self._last_loss = None
         self._last_grad_norm = None
-        self._record(("step", now_ms(), self._global_step, loss, grad_norm, step_time_ms))
+        self._grad_norm_from_trainer = False
+        source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
+        self._record(
+            ("step", now_ms(), self._global_step, loss, grad_norm, step_time_ms, source)
+        )
         self._global_step += 1
         self.run_step_callbacks()
+
+    def record_grad_sync(
+        self,
+        step: int,
+        nbytes: int,
+        latency_ms: float,
+        ok: bool,
+        op: str,
+        timer: str = "wall_clock",
+        error: str | None = None,
+    ) -> None:
+        """One gradient synchronisation; safe from any thread."""
+        self._record(("grad_sync", now_ms(), step, nbytes, latency_ms, ok, op, timer, error))
+
+    def record_fields(self, kind: str, fields: dict[str, Any]) -> None:
+        """A low-rate sample (``gpu``, ``cuda_memory``) given as its wire fields; any thread."""
+        self._record(("fields", now_ms(), kind, fields))
+
+    def add_collector(self, collector: Collector) -> None:
+        """Runs ``collector`` on the probe's thread before every flush (it keeps its own pace)."""
+        self._collectors.append(collector)
 
     def add_step_callback(self, callback: StepCallback) -> None:
         """Runs ``callback`` on the training thread at every step and episode boundary."""
@@ -145,7 +183,7 @@ class Probe:
         every_n = self.config.grad_norm_every_n_steps
 
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
-            if self._global_step % every_n:
+            if self._global_step % every_n or self._grad_norm_from_trainer:
                 return
             grads = [
                 p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None
@@ -160,6 +198,12 @@ class Probe:
 
         self._hook_handles.append(optimizer.register_step_pre_hook(before_step))
         self._hook_handles.append(optimizer.register_step_post_hook(after_step))
+
+    def unwatch(self) -> None:
+        """Removes the optimizer hooks (the probe keeps running)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
 
     @property
     def watching(self) -> bool:
@@ -191,31 +235,55 @@ class Probe:
     def _run(self) -> None:
         interval_s = self.config.flush_interval_s
         while not self._stop.wait(interval_s):
-            self._flush_once()
-        self._flush_once(force_heartbeat=True)
+            self._flush_safely()
+        self._flush_safely(force_heartbeat=True)
 
-    def _heartbeat_sample(self) -> tuple:
-        counters = self.counters()
-        return (
-            "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
-            counters.samples_sent, counters.samples_buffered, counters.samples_dropped,
-        )
+    def _flush_safely(self, force_heartbeat: bool = False) -> None:
+        try:
+            self._flush_once(force_heartbeat)
+        except Exception:  # the flusher outlives any one bad flush
+            log.exception("dsec: flush failed")
+
+    def _append_heartbeat(self) -> None:
+        """The heartbeat is a sample too: it counts as recorded, sent or dropped like any."""
+        with self._lock:
+            self._recorded += 1
+            self._pending.append((
+                "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
+                self._sent, len(self._pending) + self._in_flight, self._dropped,
+                self._recorded, self._messages_failed,
+            ))
+
+    def _run_collectors(self) -> None:
+        for index, collector in enumerate(self._collectors):
+            try:
+                collector()
+            except Exception:  # a broken collector must not stop the flushes
+                if index not in self._failed_collectors:
+                    self._failed_collectors.add(index)
+                    log.exception("dsec collector %r failed; it keeps being called", collector)
 
     def _flush_once(self, force_heartbeat: bool = False) -> None:
         self._transport.poll()
+        self._run_collectors()
         now_s = time.monotonic()
         if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
             self._last_heartbeat_s = now_s
-            heartbeat = self._heartbeat_sample()
-            with self._lock:
-                self._pending.append(heartbeat)
+            self._append_heartbeat()
         with self._lock:
             batch, self._pending = self._pending, []
             self._in_flight += len(batch)
         if not batch:
             return
-        value = self._encode(batch)
         count = len(batch)
+        try:
+            value = self._encode(batch)
+        except Exception:  # a sample that cannot be encoded costs its batch, counted
+            log.exception("dsec: %d samples could not be encoded", count)
+            with self._lock:
+                self._in_flight -= count
+                self._dropped += count
+            return
 
         def on_delivery(delivered: bool, error: str) -> None:
             with self._lock:
@@ -261,7 +329,7 @@ class Probe:
             "kind": kind,
         }
         if kind == "step":
-            _, _, step, loss, grad_norm, step_time_ms = raw
+            _, _, step, loss, grad_norm, step_time_ms, source = raw
             loss_value, loss_nonfinite = _finite_or_flag(loss)
             norm_value, grad_nonfinite = _finite_or_flag(grad_norm)
             sample.update(step=step, loss_nonfinite=loss_nonfinite, grad_nonfinite=grad_nonfinite)
@@ -269,6 +337,8 @@ class Probe:
                 sample["loss"] = loss_value
             if norm_value is not None:
                 sample["grad_norm"] = norm_value
+            if source is not None:
+                sample["grad_norm_source"] = source
             if step_time_ms is not None:
                 sample["step_time_ms"] = step_time_ms
         elif kind == "episode":
@@ -280,11 +350,21 @@ class Probe:
             if reason is not None:
                 sample["termination_reason"] = str(reason)[:256]
         elif kind == "heartbeat":
-            _, _, interval_s, step, sent, buffered, dropped = raw
+            _, _, interval_s, step, sent, buffered, dropped, recorded, failed = raw
             sample.update(
                 interval_s=interval_s, step=step, samples_sent=sent,
                 samples_buffered=buffered, samples_dropped=dropped,
+                samples_recorded=recorded, messages_failed=failed,
             )
+        elif kind == "grad_sync":
+            _, _, step, nbytes, latency_ms, ok, op, timer, error = raw
+            sample.update(step=step, bytes=int(nbytes), latency_ms=max(0.0, float(latency_ms)),
+                          ok=ok, op=op[:64], timer=timer)
+            if error:
+                sample["error"] = error[:256]
+        elif kind == "fields":
+            sample["kind"] = raw[2]
+            sample.update(raw[3])
         return sample
 
     def publish(self, topic: str, key: bytes, value: bytes) -> None:
@@ -302,9 +382,7 @@ class Probe:
 
     def shutdown(self) -> ProbeCounters:
         """Stops the thread, sends what is buffered, waits for delivery (bounded)."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles.clear()
+        self.unwatch()
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

@@ -15,12 +15,14 @@ from dsec.schemas.codec import DecodeError, decode, encode
 from dsec.schemas.dead_letters import DeadLetter
 from dsec.schemas.features import FeatureEvent
 from dsec.schemas.metrics import (
+    CudaMemorySample,
     EpisodeSample,
     GpuSample,
     GradSyncSample,
     HeartbeatSample,
     MetricBatch,
     MetricSample,
+    RuntimeSample,
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
@@ -35,6 +37,7 @@ __all__ = [
     "ActuationCommand",
     "ActuationResult",
     "ActuationStatus",
+    "CudaMemorySample",
     "DeadLetter",
     "DecodeError",
     "EpisodeSample",
@@ -48,6 +51,7 @@ __all__ = [
     "PolicyAction",
     "PolicyDecision",
     "PolicySpec",
+    "RuntimeSample",
     "SignatureError",
     "StepSample",
     "TopicSpec",

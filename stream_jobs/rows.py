@@ -41,7 +41,8 @@ def metric_rows(batch: MetricBatch) -> list[Row]:
                 continue
             if isinstance(value, bool | int | float):
                 values[name] = float(value)
-        for name in ("termination_reason", "gpu_model", "op"):
+        for name in ("termination_reason", "gpu_model", "op", "timer", "error", "runtime_type",
+                     "grad_norm_source"):
             label = getattr(sample, name, None)
             if label:
                 labels[name] = label

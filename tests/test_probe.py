@@ -105,7 +105,7 @@ def test_watched_optimizer_reports_grad_norm_and_nonfinite_loss() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     transport = RecordingTransport()
-    probe = _probe(transport)
+    probe = _probe(transport, grad_norm_every_n_steps=1)
     probe.watch(optimizer)
     expected_norms = []
     for step in range(3):
