@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsec.bench.cli import bench_app
+from dsec.gateway_cli import ingest_gateway
 from dsec.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -22,6 +23,7 @@ kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker.")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
+app.command("ingest-gateway")(ingest_gateway)
 console = Console()
 err_console = Console(stderr=True)
 

@@ -26,6 +26,7 @@ from dsec.schemas.metrics import (
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
+from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
 
@@ -51,6 +52,8 @@ __all__ = [
     "PolicyAction",
     "PolicyDecision",
     "PolicySpec",
+    "RuntimeMetricsPost",
+    "RuntimeRegistration",
     "RuntimeSample",
     "SignatureError",
     "StepSample",
