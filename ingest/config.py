@@ -12,6 +12,8 @@ class ProbeConfig(BaseSettings):
     flush_interval_s: float = Field(default=0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
     buffer_max_samples: int = Field(default=100_000, ge=1)
+    # One Kafka message stays well under the broker's 1 MB default after a long outage.
+    max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
     # The fused norm reads every gradient once (~20 us for 100k parameters on one CPU
     # thread, ~1 % of a 2 ms step); every 10th step keeps it under 0.1 %.
     grad_norm_every_n_steps: int = Field(default=10, ge=1)

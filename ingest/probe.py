@@ -67,7 +67,8 @@ class Probe:
         self._transport = transport
         self._lock = threading.Lock()
         self._pending: list[tuple] = []
-        self._in_flight = 0
+        self._in_flight = 0  # handed to the transport, delivery not yet known
+        self._reserved = 0  # taken from the buffer for sending, transport not yet asked
         self._recorded = 0
         self._sent = 0
         self._dropped = 0
@@ -91,7 +92,8 @@ class Probe:
     def _record(self, sample: tuple) -> None:
         with self._lock:
             self._recorded += 1
-            if len(self._pending) >= self.config.buffer_max_samples:
+            # A chunk out for sending still holds its place, so a refused one always fits back.
+            if len(self._pending) + self._reserved >= self.config.buffer_max_samples:
                 self._dropped += 1
                 return
             self._pending.append(sample)
@@ -270,20 +272,24 @@ class Probe:
         if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
             self._last_heartbeat_s = now_s
             self._append_heartbeat()
+        while self._send_chunk():
+            pass
+
+    def _send_chunk(self) -> bool:
+        """Hands the oldest samples, one message's worth, to the transport.
+
+        False when nothing is left or the transport refused (its queue is full): the chunk
+        goes back to the front of the buffer, where the bound kept room for it.
+        """
+        limit = self.config.max_samples_per_message
         with self._lock:
-            batch, self._pending = self._pending, []
-            self._in_flight += len(batch)
+            batch = self._pending[:limit]
+            del self._pending[:limit]
+            count = len(batch)
+            self._in_flight += count
+            self._reserved += count
         if not batch:
-            return
-        count = len(batch)
-        try:
-            value = self._encode(batch)
-        except Exception:  # a sample that cannot be encoded costs its batch, counted
-            log.exception("dsec: %d samples could not be encoded", count)
-            with self._lock:
-                self._in_flight -= count
-                self._dropped += count
-            return
+            return False
 
         def on_delivery(delivered: bool, error: str) -> None:
             with self._lock:
@@ -296,17 +302,23 @@ class Probe:
             if not delivered:
                 log.warning("dsec: %d samples lost: %s", count, error)
 
-        if not self._transport.send(self._topic, self._key, value, on_delivery):
-            self._requeue(batch)
-
-    def _requeue(self, batch: list[tuple]) -> None:
-        """The local queue is full (Kafka away): keep what fits, count the rest."""
+        try:
+            value = self._encode(batch)
+            accepted = self._transport.send(self._topic, self._key, value, on_delivery)
+        except Exception:  # unencodable or unsendable: this chunk is lost, and counted
+            log.exception("dsec: %d samples could not be sent", count)
+            with self._lock:
+                self._in_flight -= count
+                self._reserved -= count
+                self._dropped += count
+                self._messages_failed += 1
+            return True
         with self._lock:
-            self._in_flight -= len(batch)
-            room = max(0, self.config.buffer_max_samples - len(self._pending))
-            kept = batch[-room:] if room else []
-            self._dropped += len(batch) - len(kept)
-            self._pending = kept + self._pending
+            self._reserved -= count
+            if not accepted:
+                self._in_flight -= count
+                self._pending[:0] = batch
+        return accepted
 
     def _encode(self, batch: list[tuple]) -> bytes:
         batch_id = new_event_id()
