@@ -109,3 +109,79 @@ def test_two_rank_gloo_cartpole_job_publishes_every_signal(settings, tmp_path) -
         last_heartbeat = max(by_kind["heartbeat"], key=lambda h: h.event_time_ms)
         assert last_heartbeat.samples_dropped == 0
         assert last_heartbeat.samples_recorded == counters[worker_id]["samples_recorded"]
+
+
+def test_broker_outage_loses_nothing_within_the_bound_and_counts_the_rest(tmp_path) -> None:
+    """A broker of this test's own is killed for 10 s and restarted on the same port."""
+    from dsec.infra.kafka_local import LocalKafka
+    from dsec.ingest import ProbeConfig
+    from dsec.runtime import WorkerRuntime
+    from dsec.schemas import WorkerIdentity
+    from dsec.settings import DsecSettings
+
+    bound, per_message, queued_messages = 3_000, 500, 2
+    broker = LocalKafka(data_dir=tmp_path / "kafka")
+    broker.start()
+    settings = DsecSettings(bootstrap=broker.bootstrap, topic_prefix="outage",
+                            data_dir=tmp_path / "dsec", signing_key="k")
+    ensure_topics(settings, partitions=1)
+    config = ProbeConfig(
+        flush_interval_s=0.1, heartbeat_interval_s=1.0, buffer_max_samples=bound,
+        max_samples_per_message=per_message, transport_queue_max_messages=queued_messages,
+        message_timeout_s=120, grad_sync_timing=False, cuda_memory_interval_s=0,
+        gpu_sample_interval_s=0,
+    )
+    identity = WorkerIdentity(job_id="outage", worker_id="w0", node_id="n0")
+    runtime = WorkerRuntime(settings, identity, config, actuate=False).start()
+    probe = runtime.probe
+    try:
+        for index in range(100):
+            probe.record_episode(1.0, index + 1)
+        deadline = time.monotonic() + 30
+        while probe.counters().samples_sent < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert probe.counters().samples_buffered == 0
+
+        broker.kill()
+        outage_start = time.monotonic()
+        within = 1_000  # well inside the bound: none may be lost
+        for index in range(within):
+            probe.record_episode(1.0, 1)
+            if index % 100 == 99:
+                time.sleep(0.3)
+        assert probe.counters().samples_dropped == 0
+        beyond = 6_000  # more than the buffer and the client's queue can hold together
+        for _ in range(beyond):
+            probe.record_episode(2.0, 1)
+        dropped_in_outage = probe.counters().samples_dropped
+        assert dropped_in_outage > 0
+        time.sleep(max(0.0, 10.0 - (time.monotonic() - outage_start)))
+        broker.start()
+
+        deadline = time.monotonic() + 90
+        while probe.counters().samples_buffered and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        counters = runtime.shutdown()
+    broker_bootstrap = broker.bootstrap
+    try:
+        def done(got: list[MetricBatch]) -> bool:
+            return sum(len(b.samples) for b in got) >= counters.samples_sent
+
+        batches = consume_batches(broker_bootstrap, topic_names("outage").metrics, done, 60)
+    finally:
+        broker.stop()
+    samples = [s for b in batches for s in b.samples]
+    assert len({s.event_id for s in samples}) == len(samples)  # idempotent: no duplicates
+    assert counters.samples_buffered == 0
+    assert len(samples) == counters.samples_sent
+    assert counters.samples_sent + counters.samples_dropped == counters.samples_recorded
+    episodes = [s for s in samples if s.kind == "episode"]
+    assert sum(1 for e in episodes if e.reward == 1.0) == 100 + within  # none lost
+    assert sum(1 for e in episodes if e.reward == 2.0) == beyond - counters.samples_dropped
+    assert counters.samples_dropped == dropped_in_outage  # nothing lost after the outage
+    # the bound: the buffer plus what the client's queue had taken before it filled up
+    assert beyond - counters.samples_dropped <= bound + per_message * queued_messages
+    final_heartbeat = max((s for s in samples if s.kind == "heartbeat"),
+                          key=lambda h: h.event_time_ms)
+    assert final_heartbeat.samples_dropped == counters.samples_dropped
