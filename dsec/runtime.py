@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dsec.actuators import ApplyHooks, InProcessActuator
-from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters
+from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
 from dsec.ingest.nvml import NvmlSampler
@@ -38,10 +38,11 @@ class WorkerRuntime:
         identity: WorkerIdentity,
         probe_config: ProbeConfig | None = None,
         actuate: bool = True,
+        transport: Transport | None = None,
     ) -> None:
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
-        transport = KafkaTransport(
+        transport = transport or KafkaTransport(
             producer_config(
                 settings,
                 client_id=f"dsec-probe-{identity.worker_id}",

@@ -14,8 +14,11 @@ class ProbeConfig(BaseSettings):
     buffer_max_samples: int = Field(default=100_000, ge=1)
     # One Kafka message stays well under the broker's 1 MB default after a long outage.
     max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
-    # The fused norm reads every gradient once (~20 us for 100k parameters on one CPU
-    # thread, ~1 % of a 2 ms step); every 10th step keeps it under 0.1 %.
+    # Any Python run after an optimizer step meets cold caches (~10 us), and the fused norm
+    # reads every gradient (~20 us for 100k parameters on one CPU thread): on a 2 ms step,
+    # a sample every step would cost ~2 %. Every 10th step keeps the probe near 0.3 %; other
+    # steps are only counted. Set both to 1 for every step.
+    step_sample_every_n_steps: int = Field(default=10, ge=1)
     grad_norm_every_n_steps: int = Field(default=10, ge=1)
     message_timeout_s: float = Field(default=300.0, gt=0)
     shutdown_flush_timeout_s: float = Field(default=10.0, ge=0)

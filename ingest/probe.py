@@ -78,7 +78,10 @@ class Probe:
         self._last_loss: Any = None
         self._last_grad_norm: Any = None
         self._grad_norm_from_trainer = False
-        self._last_step_end_s: float | None = None
+        self._last_sample_s: float | None = None
+        self._last_sample_step = 0
+        self._step_every = self.config.step_sample_every_n_steps
+        self._grad_norm_every = self.config.grad_norm_every_n_steps
         self._step_callbacks: list[StepCallback] = []
         self._collectors: list[Collector] = []
         self._failed_collectors: set[int] = set()
@@ -114,25 +117,41 @@ class Probe:
         self._episode_index += 1
         self.run_step_callbacks()
 
+    def _sampled(self, step: int) -> bool:
+        return step % self._step_every == 0 or step % self._grad_norm_every == 0
+
     def note_loss(self, loss: Any) -> None:
-        """Keeps the loss for the next step sample; a tensor is read off the training thread."""
-        self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+        """Keeps the loss for this step's sample; a tensor is read off the training thread."""
+        if self._sampled(self._global_step):
+            self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
 
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
         the probe uses it for this step instead of computing its own."""
-        if total_norm is None:
+        if total_norm is None or not self._sampled(self._global_step):
             return
         self._last_grad_norm = total_norm.detach() if hasattr(total_norm, "detach") else total_norm
         self._grad_norm_from_trainer = True
 
     def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
-        """One optimizer step; called by the optimizer hook or by a custom loop."""
+        """One optimizer step; called by the optimizer hook or by a custom loop.
+
+        A sample is recorded every ``step_sample_every_n_steps`` steps and on every step whose
+        gradient norm is computed; other steps only count (the hot path stays a few
+        microseconds). The sample's step time is the mean since the previous sample.
+        """
+        step = self._global_step
+        self._global_step = step + 1
+        if not self._sampled(step):
+            if self._step_callbacks:
+                self.run_step_callbacks()
+            return
         now_s = time.perf_counter()
         step_time_ms = None
-        if self._last_step_end_s is not None:
-            step_time_ms = (now_s - self._last_step_end_s) * 1000.0
-        self._last_step_end_s = now_s
+        if self._last_sample_s is not None and step > self._last_sample_step:
+            step_time_ms = (now_s - self._last_sample_s) * 1000.0 / (step - self._last_sample_step)
+        self._last_sample_s = now_s
+        self._last_sample_step = step
         loss = loss if loss is not None else self._last_loss
         from_trainer = self._grad_norm_from_trainer or grad_norm is not None
         grad_norm = grad_norm if grad_norm is not None else self._last_grad_norm
@@ -140,10 +159,7 @@ class Probe:
         self._last_grad_norm = None
         self._grad_norm_from_trainer = False
         source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
-        self._record(
-            ("step", now_ms(), self._global_step, loss, grad_norm, step_time_ms, source)
-        )
-        self._global_step += 1
+        self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
         self.run_step_callbacks()
 
     def record_grad_sync(
@@ -186,7 +202,7 @@ class Probe:
 
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
             if self._global_step % every_n or self._grad_norm_from_trainer:
-                return
+                return  # not this step's turn, or the trainer gave its norm
             grads = [
                 p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None
             ]

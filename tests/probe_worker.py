@@ -43,6 +43,7 @@ def main() -> None:
     model = nn.parallel.DistributedDataParallel(policy)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     config = ProbeConfig(heartbeat_interval_s=0.5, grad_norm_every_n_steps=1,
+                         step_sample_every_n_steps=1,
                          gpu_sample_interval_s=0)
     runtime = dsec.init(worker_id=f"rank{args.rank}", node_id="node-a", optimizer=optimizer,
                         probe_config=config, actuate=False)

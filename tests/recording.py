@@ -47,5 +47,6 @@ class RecordingTransport:
 
 def manual_probe(transport: RecordingTransport, **config: object) -> Probe:
     """A probe whose flushes the test makes by hand."""
-    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600}
+    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600,
+                "step_sample_every_n_steps": 1}
     return Probe(IDENTITY, "metrics", transport, ProbeConfig(**{**defaults, **config}))

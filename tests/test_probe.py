@@ -46,7 +46,8 @@ class RecordingTransport:
 
 
 def _probe(transport: RecordingTransport, **config: object) -> Probe:
-    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600}  # flushed by hand
+    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600,  # flushed by hand
+                "step_sample_every_n_steps": 1}
     return Probe(IDENTITY, "metrics", transport, ProbeConfig(**{**defaults, **config}))
 
 

@@ -238,3 +238,22 @@ def test_config_precedence_argument_then_environment_then_default(monkeypatch) -
     monkeypatch.setenv("DSEC_PROBE_GRAD_NORM_EVERY_N_STEPS", "0")
     with pytest.raises(ValueError, match="grad_norm_every_n_steps"):
         ProbeConfig()
+
+
+def test_default_sampling_records_every_tenth_step_with_its_mean_step_time() -> None:
+    transport = RecordingTransport()
+    probe = manual_probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe.watch(optimizer)
+    for _ in range(25):
+        optimizer.zero_grad()
+        loss = model(torch.randn(2, 3)).sum()
+        loss.backward()
+        probe.note_loss(loss)
+        optimizer.step()
+    probe._flush_once()
+    steps = transport.samples("step")
+    assert [s.step for s in steps] == [0, 10, 20] and probe.global_step == 25
+    assert all(s.grad_norm is not None and s.loss is not None for s in steps)
+    assert steps[0].step_time_ms is None and steps[1].step_time_ms > 0
