@@ -3,6 +3,10 @@ broker, and webhook delivery of actuations."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -204,3 +208,39 @@ def test_gateway_publishes_to_the_metrics_topic_on_the_real_broker(settings) -> 
         consumer.close()
     assert [[s.kind for s in b.samples] for b in batches] == [["runtime"], ["episode", "heartbeat"]]
     assert {b.identity.worker_id for b in batches} == {"dify-agent-7"}
+
+
+@pytest.mark.integration
+def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_path) -> None:
+    import httpx
+
+    from dsec.infra.kafka_local import free_port
+
+    port = free_port()
+    env = {**os.environ, "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dsec.cli", "ingest-gateway", "--port", str(port),
+         "--bootstrap", settings.bootstrap],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stdout.read().decode()[-3000:]
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.3)
+        refused = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION,
+                             headers={"Authorization": "Bearer nope"})
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+        accepted = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION, headers=AUTH)
+        assert accepted.status_code == 201, accepted.text
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -114,14 +114,22 @@ def test_two_rank_gloo_cartpole_job_publishes_every_signal(settings, tmp_path) -
 def test_broker_outage_loses_nothing_within_the_bound_and_counts_the_rest(tmp_path) -> None:
     """A broker of this test's own is killed for 10 s and restarted on the same port."""
     from dsec.infra.kafka_local import LocalKafka
+
+    broker = LocalKafka(data_dir=tmp_path / "kafka")
+    broker.start()
+    try:
+        _outage(broker, tmp_path)
+    finally:
+        broker.stop()
+
+
+def _outage(broker, tmp_path) -> None:
     from dsec.ingest import ProbeConfig
     from dsec.runtime import WorkerRuntime
     from dsec.schemas import WorkerIdentity
     from dsec.settings import DsecSettings
 
     bound, per_message, queued_messages = 3_000, 500, 2
-    broker = LocalKafka(data_dir=tmp_path / "kafka")
-    broker.start()
     settings = DsecSettings(bootstrap=broker.bootstrap, topic_prefix="outage",
                             data_dir=tmp_path / "dsec", signing_key="k")
     ensure_topics(settings, partitions=1)
@@ -163,14 +171,11 @@ def test_broker_outage_loses_nothing_within_the_bound_and_counts_the_rest(tmp_pa
             time.sleep(0.2)
     finally:
         counters = runtime.shutdown()
-    broker_bootstrap = broker.bootstrap
-    try:
-        def done(got: list[MetricBatch]) -> bool:
-            return sum(len(b.samples) for b in got) >= counters.samples_sent
 
-        batches = consume_batches(broker_bootstrap, topic_names("outage").metrics, done, 60)
-    finally:
-        broker.stop()
+    def done(got: list[MetricBatch]) -> bool:
+        return sum(len(b.samples) for b in got) >= counters.samples_sent
+
+    batches = consume_batches(broker.bootstrap, topic_names("outage").metrics, done, 60)
     samples = [s for b in batches for s in b.samples]
     assert len({s.event_id for s in samples}) == len(samples)  # idempotent: no duplicates
     assert counters.samples_buffered == 0
