@@ -58,16 +58,31 @@ class GradSyncTimer:
         self._lock = threading.Lock()
         self.cuda_timings_dropped = 0
 
-    def begin(self, tensor: Any, op: str) -> _Timing:
-        timing = _Timing(self._sink.global_step, tensor_nbytes(tensor), op, time.perf_counter())
-        if getattr(tensor, "is_cuda", False):
-            import torch
+    def begin(self, tensor: Any, op: str) -> _Timing | None:
+        """Starts timing one sync; None (and no sample) if even that fails."""
+        try:
+            timing = _Timing(
+                self._sink.global_step, tensor_nbytes(tensor), op, time.perf_counter()
+            )
+            if getattr(tensor, "is_cuda", False):
+                import torch
 
-            timing.start_event = torch.cuda.Event(enable_timing=True)
-            timing.start_event.record()
-        return timing
+                timing.start_event = torch.cuda.Event(enable_timing=True)
+                timing.start_event.record()
+            return timing
+        except Exception:  # timing is telemetry: the sync itself must go ahead
+            log.exception("dsec: could not time a gradient sync")
+            return None
 
-    def end(self, timing: _Timing, ok: bool, error: BaseException | None = None) -> None:
+    def end(self, timing: _Timing | None, ok: bool, error: BaseException | None = None) -> None:
+        if timing is None:
+            return
+        try:
+            self._end(timing, ok, error)
+        except Exception:
+            log.exception("dsec: could not record a gradient sync")
+
+    def _end(self, timing: _Timing, ok: bool, error: BaseException | None) -> None:
         error_text = None if error is None else f"{type(error).__name__}: {error}"
         if timing.start_event is not None and ok:
             import torch
@@ -116,7 +131,9 @@ class _Suppress:
         _suppressed.active = self._before
 
 
-def _watch_async(timer: GradSyncTimer, timing: _Timing, work: Any) -> None:
+def _watch_async(timer: GradSyncTimer, timing: _Timing | None, work: Any) -> None:
+    if timing is None:
+        return
     try:
         future = work.get_future()
     except Exception:  # a backend without futures: the enqueue time is all there is

@@ -52,6 +52,24 @@ def _finite_or_flag(value: Any) -> tuple[float | None, bool]:
     return None, True
 
 
+def total_grad_norm(optimizer: Any) -> Any:
+    """L2 norm of every gradient the optimizer holds, as a tensor (no device sync), or None.
+
+    One fused ``_foreach_norm`` per device; per-device results meet on the first device.
+    """
+    import torch
+
+    grads = [
+        p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+    ]
+    if not grads:
+        return None
+    with torch.no_grad():
+        norms = torch._foreach_norm(grads)
+        device = norms[0].device
+        return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+
+
 class Probe:
     def __init__(
         self,
@@ -85,6 +103,7 @@ class Probe:
         self._step_callbacks: list[StepCallback] = []
         self._collectors: list[Collector] = []
         self._failed_collectors: set[int] = set()
+        self._warned: set[str] = set()
         self._hook_handles: list[Any] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -194,25 +213,28 @@ class Probe:
             except Exception:  # telemetry never crashes the training loop
                 log.exception("dsec step callback failed")
 
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.exception(message)
+
     def watch(self, optimizer: Any) -> None:
         """Hooks an optimizer: gradient L2 norm before each step, a step sample after it."""
-        import torch
-
         every_n = self.config.grad_norm_every_n_steps
 
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
             if self._global_step % every_n or self._grad_norm_from_trainer:
                 return  # not this step's turn, or the trainer gave its norm
-            grads = [
-                p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None
-            ]
-            if grads:
-                with torch.no_grad():
-                    norms = torch._foreach_norm(grads)
-                    self._last_grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+            try:
+                self._last_grad_norm = total_grad_norm(opt)
+            except Exception:  # sparse or unusual gradients: no norm, and training goes on
+                self._warn_once("grad_norm", "dsec: gradient norm not computed")
 
         def after_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            self.record_step()
+            try:
+                self.record_step()
+            except Exception:
+                self._warn_once("record_step", "dsec: step not recorded")
 
         self._hook_handles.append(optimizer.register_step_pre_hook(before_step))
         self._hook_handles.append(optimizer.register_step_post_hook(after_step))

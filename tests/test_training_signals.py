@@ -257,3 +257,34 @@ def test_default_sampling_records_every_tenth_step_with_its_mean_step_time() -> 
     assert [s.step for s in steps] == [0, 10, 20] and probe.global_step == 25
     assert all(s.grad_norm is not None and s.loss is not None for s in steps)
     assert steps[0].step_time_ms is None and steps[1].step_time_ms > 0
+
+
+def test_gradients_the_norm_cannot_read_never_break_the_step(monkeypatch) -> None:
+    transport = RecordingTransport()
+    probe = manual_probe(transport, grad_norm_every_n_steps=1)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe.watch(optimizer)
+    before = model.weight.detach().clone()
+
+    def unreadable(_tensors):
+        raise RuntimeError("no fused norm for these gradients")
+
+    monkeypatch.setattr(torch, "_foreach_norm", unreadable)
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    probe._flush_once()
+    (step,) = transport.samples("step")
+    assert step.grad_norm is None and probe.global_step == 1
+    assert not torch.equal(model.weight, before)  # the step itself happened
+
+
+def test_sb3_callback_without_the_extra_says_how_to_install(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)
+    monkeypatch.setitem(sys.modules, "stable_baselines3.common", None)
+    monkeypatch.setitem(sys.modules, "stable_baselines3.common.callbacks", None)
+    monkeypatch.delitem(sys.modules, "dsec.ingest.sb3", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'dsec\[sb3\]'"):
+        import dsec.ingest.sb3  # noqa: F401
