@@ -285,9 +285,13 @@ class Probe:
             log.exception("dsec: flush failed")
 
     def _append_heartbeat(self) -> None:
-        """The heartbeat is a sample too: it counts as recorded, sent or dropped like any."""
+        """The heartbeat is a sample too: recorded, then sent or dropped (when the buffer is
+        full) like any other; the next one that gets through carries the totals."""
         with self._lock:
             self._recorded += 1
+            if len(self._pending) + self._reserved >= self.config.buffer_max_samples:
+                self._dropped += 1
+                return
             self._pending.append((
                 "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
                 self._sent, len(self._pending) + self._in_flight, self._dropped,
@@ -306,12 +310,15 @@ class Probe:
     def _flush_once(self, force_heartbeat: bool = False) -> None:
         self._transport.poll()
         self._run_collectors()
-        now_s = time.monotonic()
-        if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
-            self._last_heartbeat_s = now_s
-            self._append_heartbeat()
         while self._send_chunk():
             pass
+        now_s = time.monotonic()
+        if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
+            # after the backlog went out, so the heartbeat finds room and fresh counts
+            self._last_heartbeat_s = now_s
+            self._append_heartbeat()
+            while self._send_chunk():
+                pass
 
     def _send_chunk(self) -> bool:
         """Hands the oldest samples, one message's worth, to the transport.

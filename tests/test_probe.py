@@ -81,7 +81,7 @@ def test_full_buffer_drops_are_counted_exactly_and_reported() -> None:
     transport.accepting = True
     probe._flush_once(force_heartbeat=True)
     transport.poll()
-    samples = transport.batches()[0].samples
+    samples = [s for batch in transport.batches() for s in batch.samples]
     heartbeat = next(s for s in samples if s.kind == "heartbeat")
     assert heartbeat.samples_dropped == 15
     assert sum(1 for s in samples if s.kind == "episode") == 10

@@ -87,17 +87,17 @@ def test_heartbeat_accounts_for_every_sample_itself_included() -> None:
     probe = manual_probe(transport, buffer_max_samples=5)
     for index in range(8):
         probe.record_episode(float(index), 1)
-    probe._flush_once(force_heartbeat=True)  # refused: all kept; the heartbeat rides over
+    probe._flush_once(force_heartbeat=True)  # full: the heartbeat is dropped, and counted
     counters = probe.counters()
     assert counters.samples_recorded == 9
-    assert counters.samples_dropped == 3 and counters.samples_buffered == 6
+    assert counters.samples_dropped == 4 and counters.samples_buffered == 5
     transport.accepting = True
     probe._flush_once(force_heartbeat=True)
     transport.poll()
     counters = probe.counters()
     assert counters.samples_recorded == counters.samples_sent + counters.samples_dropped
     heartbeat = transport.samples("heartbeat")[-1]
-    assert heartbeat.samples_recorded == 10 and heartbeat.samples_dropped == 3
+    assert heartbeat.samples_recorded == 10 and heartbeat.samples_dropped == 4
 
 
 class _Sink:
