@@ -59,7 +59,9 @@ def build_gateway(
 
         forwarder = WebhookForwarder(
             registry, settings.job_id,
-            consumer_config(settings, group_id=f"dsec-gateway-webhooks-{settings.job_id}"),
+            # a first start forwards what comes from now on, not the topic's history
+            consumer_config(settings, group_id=f"dsec-gateway-webhooks-{settings.job_id}",
+                            **{"auto.offset.reset": "latest"}),
             topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
             publish, config.webhook_timeout_s,
         )

@@ -142,11 +142,11 @@ def test_other_client_errors_say_what_is_wrong(gateway) -> None:
     assert answer.status_code == 503 and "try again" in answer.json()["detail"]
 
 
-def _command(worker_id: str, key: bytes, ttl_ms: int = 60_000) -> ActuationCommand:
+def _command(worker_id: str, key: bytes, job_id: str = "job-a") -> ActuationCommand:
     now = now_ms()
     return sign(ActuationCommand(
-        actuation_id=uuid.uuid4().hex, event_time_ms=now, expires_at_ms=now + ttl_ms,
-        target=WorkerIdentity(job_id="job-a", worker_id=worker_id, node_id="agent-host-1"),
+        actuation_id=uuid.uuid4().hex, event_time_ms=now, expires_at_ms=now + 60_000,
+        target=WorkerIdentity(job_id=job_id, worker_id=worker_id, node_id="agent-host-1"),
         policy_name="reward-variance-jump", policy_version=1, action=SnapshotParams(),
     ), key)
 
@@ -244,3 +244,65 @@ def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from confluent_kafka import Producer
+
+    received: list[bytes] = []
+
+    class Webhook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            body = b'{"status": "applied", "detail": "snapshot taken by the agent"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registration = {**REGISTRATION, "job_id": settings.job_id,
+                    "webhook_url": f"http://127.0.0.1:{server.server_port}/dsec"}
+    service = build_gateway(settings, GatewayConfig(token=TOKEN)).start()
+    topics = topic_names(settings.topic_prefix)
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    key = settings.signing_key_bytes()
+    try:
+        client = TestClient(service.gateway.app())
+        assert client.post("/v1/runtimes", json=registration, headers=AUTH).status_code == 201
+        sent: list[str] = []
+        deadline = time.monotonic() + 60
+        while not received and time.monotonic() < deadline:  # until the consumer has joined
+            command = _command("dify-agent-7", key, job_id=settings.job_id)
+            sent.append(command.actuation_id)
+            producer.produce(topics.actuations, key=b"agent-host-1", value=encode(command))
+            producer.flush(10)
+            time.sleep(1.0)
+        assert received, "no command reached the webhook"
+        assert decode(received[0], ActuationCommand).actuation_id in sent
+    finally:
+        service.close()
+        server.shutdown()
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topics.actuation_results])
+    results: list[ActuationResult] = []
+    try:
+        for _ in range(60):
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                results.append(decode(message.value(), ActuationResult))
+            if results:
+                break
+    finally:
+        consumer.close()
+    assert results and results[0].status is ActuationStatus.APPLIED
+    assert results[0].detail == "snapshot taken by the agent"
