@@ -107,7 +107,7 @@ class Probe:
         self._hook_handles: list[Any] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_heartbeat_s = 0.0
+        self._last_heartbeat_s = time.monotonic()  # a probe not yet started owes none
 
     # --- training thread -------------------------------------------------------------
 
@@ -258,7 +258,7 @@ class Probe:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._last_heartbeat_s = 0.0
+        self._last_heartbeat_s = float("-inf")  # the first flush says the worker is here
         self._thread = threading.Thread(target=self._run, name="dsec-probe", daemon=True)
         self._thread.start()
 
