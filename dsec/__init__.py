@@ -9,6 +9,8 @@ Three lines in a training script::
 and, for the actions that change the loop: ``with dsec.autocast():`` around the
 forward pass, ``dsec.controls()`` for the rest, ``dsec.enable_snapshots(model, opt)``
 and ``dsec.restore(location, model, opt)``.
+Or ``env = dsec.wrap_env(env)`` for episodes, ``dsec.training_step()`` around a custom
+step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3.
 """
 
 from __future__ import annotations
@@ -20,26 +22,34 @@ from dsec.actuators.restore import RestoredState
 from dsec.actuators.restore import restore as _restore
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import ProbeConfig, ProbeCounters
+from dsec.ingest.loop import StepScope
 from dsec.runtime import WorkerRuntime, default_worker_id
 from dsec.schemas import ActionKind, WorkerIdentity
 from dsec.settings import DsecSettings
 
 __all__ = [
     "ActionKind",
+    "ProbeConfig",
     "ProbeCounters",
     "RestoredState",
     "WorkerControls",
     "WorkerRuntime",
     "autocast",
+    "clip_grad_norm_",
     "controls",
     "current",
     "enable_snapshots",
     "init",
+    "note_grad_norm",
     "on_action",
     "report_episode_end",
     "report_step",
     "restore",
+    "sb3_callback",
     "shutdown",
+    "training_step",
+    "watch_ddp",
+    "wrap_env",
 ]
 
 _runtime: WorkerRuntime | None = None
@@ -107,6 +117,55 @@ def report_step(loss: Any = None) -> None:
         probe.note_loss(loss)
     else:
         probe.record_step(loss=loss)
+
+
+def note_grad_norm(total_norm: Any) -> None:
+    """The total gradient norm the trainer already computed (e.g. when clipping): the probe
+    reports it for this step instead of computing its own."""
+    current().probe.note_grad_norm(total_norm)
+
+
+def clip_grad_norm_(
+    parameters: Any,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> Any:
+    """``torch.nn.utils.clip_grad_norm_`` whose returned total norm the probe reuses."""
+    import torch
+
+    total_norm = torch.nn.utils.clip_grad_norm_(
+        parameters, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+    )
+    if _runtime is not None and norm_type == 2.0:
+        _runtime.probe.note_grad_norm(total_norm)
+    return total_norm
+
+
+def training_step() -> StepScope:
+    """``with dsec.training_step() as step:`` around one step of a custom loop, or
+    ``@dsec.training_step()`` on a function that returns the loss."""
+    return StepScope(lambda: current().probe)
+
+
+def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = None) -> Any:
+    """A gymnasium env that reports each finished episode to this worker's probe."""
+    from dsec.ingest.gym_wrapper import EpisodeReporter
+
+    return EpisodeReporter(env, reason_key=reason_key, reason_fn=reason_fn)
+
+
+def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
+    """Times DDP's gradient-bucket all-reduces through a communication hook."""
+    current().watch_ddp(ddp_model, state=state, inner=inner)
+
+
+def sb3_callback(reason_key: str = "termination_reason") -> Any:
+    """A Stable-Baselines3 callback reporting to this worker (``pip install 'dsec[sb3]'``)."""
+    from dsec.ingest.sb3 import DsecCallback
+
+    return DsecCallback(reason_key=reason_key)
 
 
 def on_action(kind: ActionKind | str) -> Callable[[Callable[[Any], str | None]], Callable]:

@@ -16,7 +16,10 @@ from dsec.actuators.snapshot_trigger import SnapshotTrigger
 from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
-from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters
+from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
+from dsec.ingest.cuda_memory import CudaMemoryCollector
+from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
+from dsec.ingest.nvml import NvmlSampler
 from dsec.kafka_clients import consumer_config, producer_config
 from dsec.schemas import (
     ActionKind,
@@ -32,6 +35,14 @@ log = logging.getLogger(__name__)
 
 MEMORY_CHECK_EVERY_STEPS = 50
 MEMORY_WARNING_INTERVAL_S = 60.0
+
+
+def _instrument_all_reduce_if_present(timer: GradSyncTimer) -> Callable[[], None] | None:
+    import torch.distributed
+
+    if not torch.distributed.is_available():
+        return None
+    return instrument_all_reduce(timer)
 
 
 def default_worker_id() -> str:
@@ -63,16 +74,17 @@ class WorkerRuntime:
         identity: WorkerIdentity,
         probe_config: ProbeConfig | None = None,
         actuate: bool = True,
+        transport: Transport | None = None,
     ) -> None:
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
-        transport = KafkaTransport(
+        transport = transport or KafkaTransport(
             producer_config(
                 settings,
                 client_id=f"dsec-probe-{identity.worker_id}",
                 **{
                     "message.timeout.ms": int(config.message_timeout_s * 1000),
-                    "queue.buffering.max.messages": 10_000,
+                    "queue.buffering.max.messages": config.transport_queue_max_messages,
                 },
             )
         )
@@ -80,6 +92,20 @@ class WorkerRuntime:
         self.settings = settings
         self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
+        self.grad_sync = GradSyncTimer(self.probe)
+        self.probe.add_collector(self.grad_sync.collect)
+        self._undo_all_reduce: Callable[[], None] | None = None
+        if config.grad_sync_timing:
+            self._undo_all_reduce = _instrument_all_reduce_if_present(self.grad_sync)
+        if config.cuda_memory_interval_s > 0:
+            cuda_memory = CudaMemoryCollector(self.probe, config.cuda_memory_interval_s)
+            self.probe.add_collector(cuda_memory)
+            self.probe.add_step_callback(cuda_memory.bind_device)
+        self.nvml: NvmlSampler | None = None
+        if config.gpu_sample_interval_s > 0:
+            self.nvml = NvmlSampler(
+                self.probe, config.gpu_sample_interval_s, gpu_indices=config.gpu_indices
+            )
         self.hooks = ApplyHooks()
         self.controls = WorkerControls(
             precision=AutocastController(default_device_type()),
@@ -114,6 +140,8 @@ class WorkerRuntime:
 
     def start(self) -> WorkerRuntime:
         self.probe.start()
+        if self.nvml is not None:
+            self.nvml.start()
         if self.actuator is not None:
             self.actuator.start()
         if self.channel is not None:
@@ -166,7 +194,16 @@ class WorkerRuntime:
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
 
+    def watch_ddp(self, ddp_model: Any, state: Any = None, inner: CommHook | None = None) -> None:
+        """Times every gradient bucket DDP all-reduces (``inner``: a hook of your own)."""
+        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, inner))
+
     def shutdown(self) -> ProbeCounters:
+        if self._undo_all_reduce is not None:
+            self._undo_all_reduce()
+            self._undo_all_reduce = None
+        if self.nvml is not None:
+            self.nvml.stop()
         if self.actuator is not None:
             self.actuator.apply_pending()
             self.actuator.stop()

@@ -23,7 +23,8 @@ TABLES = (
     "sink_offsets",
 )
 RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
-_LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source")
+_LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source", "timer", "error",
+                 "runtime_type", "grad_norm_source")
 
 
 class StoreLockedError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Probe configuration: argument, then ``DSEC_*`` environment, then default; validated once."""
+"""Probe configuration: argument, then `DSEC_PROBE_*` environment, then default; validated once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,19 @@ class ProbeConfig(BaseSettings):
     flush_interval_s: float = Field(default=0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
     buffer_max_samples: int = Field(default=100_000, ge=1)
-    grad_norm_every_n_steps: int = Field(default=1, ge=1)
+    # One Kafka message stays well under the broker's 1 MB default after a long outage.
+    max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
+    # Any Python run after an optimizer step meets cold caches (~10 us), and the fused norm
+    # reads every gradient (~20 us for 100k parameters on one CPU thread): on a 2 ms step,
+    # a sample every step would cost ~2 %. Every 10th step keeps the probe near 0.3 %; other
+    # steps are only counted. Set both to 1 for every step.
+    step_sample_every_n_steps: int = Field(default=10, ge=1)
+    grad_norm_every_n_steps: int = Field(default=10, ge=1)
     message_timeout_s: float = Field(default=300.0, gt=0)
     shutdown_flush_timeout_s: float = Field(default=10.0, ge=0)
+    # Local queue of the Kafka client, in messages (one message is one flush).
+    transport_queue_max_messages: int = Field(default=10_000, ge=1)
+    grad_sync_timing: bool = True
+    cuda_memory_interval_s: float = Field(default=1.0, ge=0)  # 0: off
+    gpu_sample_interval_s: float = Field(default=1.0, ge=0)  # NVML; 0: off
+    gpu_indices: tuple[int, ...] | None = None  # NVML device indices; None: every GPU

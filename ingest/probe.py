@@ -25,6 +25,7 @@ from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[], None]
+Collector = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,24 @@ def _finite_or_flag(value: Any) -> tuple[float | None, bool]:
     return None, True
 
 
+def total_grad_norm(optimizer: Any) -> Any:
+    """L2 norm of every gradient the optimizer holds, as a tensor (no device sync), or None.
+
+    One fused ``_foreach_norm`` per device; per-device results meet on the first device.
+    """
+    import torch
+
+    grads = [
+        p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+    ]
+    if not grads:
+        return None
+    with torch.no_grad():
+        norms = torch._foreach_norm(grads)
+        device = norms[0].device
+        return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+
+
 class Probe:
     def __init__(
         self,
@@ -66,7 +85,8 @@ class Probe:
         self._transport = transport
         self._lock = threading.Lock()
         self._pending: list[tuple] = []
-        self._in_flight = 0
+        self._in_flight = 0  # handed to the transport, delivery not yet known
+        self._reserved = 0  # taken from the buffer for sending, transport not yet asked
         self._recorded = 0
         self._sent = 0
         self._dropped = 0
@@ -75,19 +95,27 @@ class Probe:
         self._global_step = 0
         self._last_loss: Any = None
         self._last_grad_norm: Any = None
-        self._last_step_end_s: float | None = None
+        self._grad_norm_from_trainer = False
+        self._last_sample_s: float | None = None
+        self._last_sample_step = 0
+        self._step_every = self.config.step_sample_every_n_steps
+        self._grad_norm_every = self.config.grad_norm_every_n_steps
         self._step_callbacks: list[StepCallback] = []
+        self._collectors: list[Collector] = []
+        self._failed_collectors: set[int] = set()
+        self._warned: set[str] = set()
         self._hook_handles: list[Any] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_heartbeat_s = 0.0
+        self._last_heartbeat_s = time.monotonic()  # a probe not yet started owes none
 
     # --- training thread -------------------------------------------------------------
 
     def _record(self, sample: tuple) -> None:
         with self._lock:
             self._recorded += 1
-            if len(self._pending) >= self.config.buffer_max_samples:
+            # A chunk out for sending still holds its place, so a refused one always fits back.
+            if len(self._pending) + self._reserved >= self.config.buffer_max_samples:
                 self._dropped += 1
                 return
             self._pending.append(sample)
@@ -108,24 +136,71 @@ class Probe:
         self._episode_index += 1
         self.run_step_callbacks()
 
+    def _sampled(self, step: int) -> bool:
+        return step % self._step_every == 0 or step % self._grad_norm_every == 0
+
     def note_loss(self, loss: Any) -> None:
-        """Keeps the loss for the next step sample; a tensor is read off the training thread."""
-        self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+        """Keeps the loss for this step's sample; a tensor is read off the training thread."""
+        if self._sampled(self._global_step):
+            self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+
+    def note_grad_norm(self, total_norm: Any) -> None:
+        """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
+        the probe uses it for this step instead of computing its own."""
+        if total_norm is None or not self._sampled(self._global_step):
+            return
+        self._last_grad_norm = total_norm.detach() if hasattr(total_norm, "detach") else total_norm
+        self._grad_norm_from_trainer = True
 
     def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
-        """One optimizer step; called by the optimizer hook or by a custom loop."""
+        """One optimizer step; called by the optimizer hook or by a custom loop.
+
+        A sample is recorded every ``step_sample_every_n_steps`` steps and on every step whose
+        gradient norm is computed; other steps only count (the hot path stays a few
+        microseconds). The sample's step time is the mean since the previous sample.
+        """
+        step = self._global_step
+        self._global_step = step + 1
+        if not self._sampled(step):
+            if self._step_callbacks:
+                self.run_step_callbacks()
+            return
         now_s = time.perf_counter()
         step_time_ms = None
-        if self._last_step_end_s is not None:
-            step_time_ms = (now_s - self._last_step_end_s) * 1000.0
-        self._last_step_end_s = now_s
+        if self._last_sample_s is not None and step > self._last_sample_step:
+            step_time_ms = (now_s - self._last_sample_s) * 1000.0 / (step - self._last_sample_step)
+        self._last_sample_s = now_s
+        self._last_sample_step = step
         loss = loss if loss is not None else self._last_loss
+        from_trainer = self._grad_norm_from_trainer or grad_norm is not None
         grad_norm = grad_norm if grad_norm is not None else self._last_grad_norm
         self._last_loss = None
         self._last_grad_norm = None
-        self._record(("step", now_ms(), self._global_step, loss, grad_norm, step_time_ms))
-        self._global_step += 1
+        self._grad_norm_from_trainer = False
+        source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
+        self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
         self.run_step_callbacks()
+
+    def record_grad_sync(
+        self,
+        step: int,
+        nbytes: int,
+        latency_ms: float,
+        ok: bool,
+        op: str,
+        timer: str = "wall_clock",
+        error: str | None = None,
+    ) -> None:
+        """One gradient synchronisation; safe from any thread."""
+        self._record(("grad_sync", now_ms(), step, nbytes, latency_ms, ok, op, timer, error))
+
+    def record_fields(self, kind: str, fields: dict[str, Any]) -> None:
+        """A low-rate sample (``gpu``, ``cuda_memory``) given as its wire fields; any thread."""
+        self._record(("fields", now_ms(), kind, fields))
+
+    def add_collector(self, collector: Collector) -> None:
+        """Runs ``collector`` on the probe's thread before every flush (it keeps its own pace)."""
+        self._collectors.append(collector)
 
     def add_step_callback(self, callback: StepCallback) -> None:
         """Runs ``callback`` on the training thread at every step and episode boundary."""
@@ -138,28 +213,37 @@ class Probe:
             except Exception:  # telemetry never crashes the training loop
                 log.exception("dsec step callback failed")
 
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.exception(message)
+
     def watch(self, optimizer: Any) -> None:
         """Hooks an optimizer: gradient L2 norm before each step, a step sample after it."""
-        import torch
-
         every_n = self.config.grad_norm_every_n_steps
 
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
-            if self._global_step % every_n:
-                return
-            grads = [
-                p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None
-            ]
-            if grads:
-                with torch.no_grad():
-                    norms = torch._foreach_norm(grads)
-                    self._last_grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+            if self._global_step % every_n or self._grad_norm_from_trainer:
+                return  # not this step's turn, or the trainer gave its norm
+            try:
+                self._last_grad_norm = total_grad_norm(opt)
+            except Exception:  # sparse or unusual gradients: no norm, and training goes on
+                self._warn_once("grad_norm", "dsec: gradient norm not computed")
 
         def after_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            self.record_step()
+            try:
+                self.record_step()
+            except Exception:
+                self._warn_once("record_step", "dsec: step not recorded")
 
         self._hook_handles.append(optimizer.register_step_pre_hook(before_step))
         self._hook_handles.append(optimizer.register_step_post_hook(after_step))
+
+    def unwatch(self) -> None:
+        """Removes the optimizer hooks (the probe keeps running)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
 
     @property
     def watching(self) -> bool:
@@ -174,7 +258,7 @@ class Probe:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._last_heartbeat_s = 0.0
+        self._last_heartbeat_s = float("-inf")  # the first flush says the worker is here
         self._thread = threading.Thread(target=self._run, name="dsec-probe", daemon=True)
         self._thread.start()
 
@@ -191,31 +275,66 @@ class Probe:
     def _run(self) -> None:
         interval_s = self.config.flush_interval_s
         while not self._stop.wait(interval_s):
-            self._flush_once()
-        self._flush_once(force_heartbeat=True)
+            self._flush_safely()
+        self._flush_safely(force_heartbeat=True)
 
-    def _heartbeat_sample(self) -> tuple:
-        counters = self.counters()
-        return (
-            "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
-            counters.samples_sent, counters.samples_buffered, counters.samples_dropped,
-        )
+    def _flush_safely(self, force_heartbeat: bool = False) -> None:
+        try:
+            self._flush_once(force_heartbeat)
+        except Exception:  # the flusher outlives any one bad flush
+            log.exception("dsec: flush failed")
+
+    def _append_heartbeat(self) -> None:
+        """The heartbeat is a sample too: recorded, then sent or dropped (when the buffer is
+        full) like any other; the next one that gets through carries the totals."""
+        with self._lock:
+            self._recorded += 1
+            if len(self._pending) + self._reserved >= self.config.buffer_max_samples:
+                self._dropped += 1
+                return
+            self._pending.append((
+                "heartbeat", now_ms(), self.config.heartbeat_interval_s, self._global_step,
+                self._sent, len(self._pending) + self._in_flight, self._dropped,
+                self._recorded, self._messages_failed,
+            ))
+
+    def _run_collectors(self) -> None:
+        for index, collector in enumerate(self._collectors):
+            try:
+                collector()
+            except Exception:  # a broken collector must not stop the flushes
+                if index not in self._failed_collectors:
+                    self._failed_collectors.add(index)
+                    log.exception("dsec collector %r failed; it keeps being called", collector)
 
     def _flush_once(self, force_heartbeat: bool = False) -> None:
         self._transport.poll()
+        self._run_collectors()
+        while self._send_chunk():
+            pass
         now_s = time.monotonic()
         if force_heartbeat or now_s - self._last_heartbeat_s >= self.config.heartbeat_interval_s:
+            # after the backlog went out, so the heartbeat finds room and fresh counts
             self._last_heartbeat_s = now_s
-            heartbeat = self._heartbeat_sample()
-            with self._lock:
-                self._pending.append(heartbeat)
+            self._append_heartbeat()
+            while self._send_chunk():
+                pass
+
+    def _send_chunk(self) -> bool:
+        """Hands the oldest samples, one message's worth, to the transport.
+
+        False when nothing is left or the transport refused (its queue is full): the chunk
+        goes back to the front of the buffer, where the bound kept room for it.
+        """
+        limit = self.config.max_samples_per_message
         with self._lock:
-            batch, self._pending = self._pending, []
-            self._in_flight += len(batch)
+            batch = self._pending[:limit]
+            del self._pending[:limit]
+            count = len(batch)
+            self._in_flight += count
+            self._reserved += count
         if not batch:
-            return
-        value = self._encode(batch)
-        count = len(batch)
+            return False
 
         def on_delivery(delivered: bool, error: str) -> None:
             with self._lock:
@@ -228,17 +347,23 @@ class Probe:
             if not delivered:
                 log.warning("dsec: %d samples lost: %s", count, error)
 
-        if not self._transport.send(self._topic, self._key, value, on_delivery):
-            self._requeue(batch)
-
-    def _requeue(self, batch: list[tuple]) -> None:
-        """The local queue is full (Kafka away): keep what fits, count the rest."""
+        try:
+            value = self._encode(batch)
+            accepted = self._transport.send(self._topic, self._key, value, on_delivery)
+        except Exception:  # unencodable or unsendable: this chunk is lost, and counted
+            log.exception("dsec: %d samples could not be sent", count)
+            with self._lock:
+                self._in_flight -= count
+                self._reserved -= count
+                self._dropped += count
+                self._messages_failed += 1
+            return True
         with self._lock:
-            self._in_flight -= len(batch)
-            room = max(0, self.config.buffer_max_samples - len(self._pending))
-            kept = batch[-room:] if room else []
-            self._dropped += len(batch) - len(kept)
-            self._pending = kept + self._pending
+            self._reserved -= count
+            if not accepted:
+                self._in_flight -= count
+                self._pending[:0] = batch
+        return accepted
 
     def _encode(self, batch: list[tuple]) -> bytes:
         batch_id = new_event_id()
@@ -261,7 +386,7 @@ class Probe:
             "kind": kind,
         }
         if kind == "step":
-            _, _, step, loss, grad_norm, step_time_ms = raw
+            _, _, step, loss, grad_norm, step_time_ms, source = raw
             loss_value, loss_nonfinite = _finite_or_flag(loss)
             norm_value, grad_nonfinite = _finite_or_flag(grad_norm)
             sample.update(step=step, loss_nonfinite=loss_nonfinite, grad_nonfinite=grad_nonfinite)
@@ -269,6 +394,8 @@ class Probe:
                 sample["loss"] = loss_value
             if norm_value is not None:
                 sample["grad_norm"] = norm_value
+            if source is not None:
+                sample["grad_norm_source"] = source
             if step_time_ms is not None:
                 sample["step_time_ms"] = step_time_ms
         elif kind == "episode":
@@ -280,11 +407,21 @@ class Probe:
             if reason is not None:
                 sample["termination_reason"] = str(reason)[:256]
         elif kind == "heartbeat":
-            _, _, interval_s, step, sent, buffered, dropped = raw
+            _, _, interval_s, step, sent, buffered, dropped, recorded, failed = raw
             sample.update(
                 interval_s=interval_s, step=step, samples_sent=sent,
                 samples_buffered=buffered, samples_dropped=dropped,
+                samples_recorded=recorded, messages_failed=failed,
             )
+        elif kind == "grad_sync":
+            _, _, step, nbytes, latency_ms, ok, op, timer, error = raw
+            sample.update(step=step, bytes=int(nbytes), latency_ms=max(0.0, float(latency_ms)),
+                          ok=ok, op=op[:64], timer=timer)
+            if error:
+                sample["error"] = error[:256]
+        elif kind == "fields":
+            sample["kind"] = raw[2]
+            sample.update(raw[3])
         return sample
 
     def publish(self, topic: str, key: bytes, value: bytes) -> None:
@@ -302,9 +439,7 @@ class Probe:
 
     def shutdown(self) -> ProbeCounters:
         """Stops the thread, sends what is buffered, waits for delivery (bounded)."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles.clear()
+        self.unwatch()
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

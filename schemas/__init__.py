@@ -15,6 +15,7 @@ from dsec.schemas.codec import DecodeError, decode, encode
 from dsec.schemas.dead_letters import DeadLetter
 from dsec.schemas.features import FeatureEvent, GpuProfileEvent
 from dsec.schemas.metrics import (
+    CudaMemorySample,
     EpisodeSample,
     GpuSample,
     GradSyncSample,
@@ -23,9 +24,11 @@ from dsec.schemas.metrics import (
     MetricColumns,
     MetricSample,
     RecoverySample,
+    RuntimeSample,
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
+from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
 
@@ -37,6 +40,7 @@ __all__ = [
     "ActuationCommand",
     "ActuationResult",
     "ActuationStatus",
+    "CudaMemorySample",
     "DeadLetter",
     "DecodeError",
     "EpisodeSample",
@@ -53,6 +57,9 @@ __all__ = [
     "PolicyDecision",
     "PolicySpec",
     "RecoverySample",
+    "RuntimeMetricsPost",
+    "RuntimeRegistration",
+    "RuntimeSample",
     "SignatureError",
     "StepSample",
     "TopicSpec",

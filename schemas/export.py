@@ -12,6 +12,7 @@ from dsec.schemas.dead_letters import DeadLetter
 from dsec.schemas.features import FeatureEvent
 from dsec.schemas.metrics import MetricBatch
 from dsec.schemas.policies import PolicyDecision, PolicySpec
+from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "metric_batch": MetricBatch,
@@ -21,6 +22,8 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "actuation_command": ActuationCommand,
     "actuation_result": ActuationResult,
     "dead_letter": DeadLetter,
+    "runtime_registration": RuntimeRegistration,
+    "runtime_metrics_post": RuntimeMetricsPost,
 }
 
 

@@ -35,6 +35,9 @@ class HeartbeatSample(_Sample):
     samples_sent: NonNegativeInt = 0
     samples_buffered: NonNegativeInt = 0
     samples_dropped: NonNegativeInt = 0
+    # Since the probe started; recorded == sent + buffered + dropped at any moment.
+    samples_recorded: NonNegativeInt = 0
+    messages_failed: NonNegativeInt = 0
 
 
 class StepSample(_Sample):
@@ -45,6 +48,8 @@ class StepSample(_Sample):
     loss_nonfinite: bool = False
     grad_nonfinite: bool = False
     step_time_ms: Annotated[float, Field(ge=0)] | None = None
+    # "probe": computed by the probe; "trainer": the norm the trainer already had (clipping).
+    grad_norm_source: Literal["probe", "trainer"] | None = None
 
 
 class EpisodeSample(_Sample):
@@ -77,6 +82,33 @@ class GradSyncSample(_Sample):
     latency_ms: Annotated[float, Field(ge=0)]
     ok: bool = True
     op: Annotated[str, Field(max_length=64)] = "all_reduce"
+    timer: Literal["wall_clock", "cuda_event"] = "wall_clock"
+    error: Annotated[str, Field(max_length=256)] | None = None
+
+
+class CudaMemorySample(_Sample):
+    """``torch.cuda.memory_stats`` of the device the training thread uses."""
+
+    kind: Literal["cuda_memory"] = "cuda_memory"
+    device_index: NonNegativeInt
+    allocated_bytes: NonNegativeInt
+    reserved_bytes: NonNegativeInt
+    active_bytes: NonNegativeInt = 0
+    peak_allocated_bytes: NonNegativeInt = 0
+    # Reserved but not allocated, as a share of reserved: 0 when nothing is reserved.
+    fragmentation_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    oom_count: NonNegativeInt = 0
+    alloc_retry_count: NonNegativeInt = 0
+
+
+class RuntimeSample(_Sample):
+    """A non-Python runtime (an agent platform) as it registered with the ingest gateway."""
+
+    kind: Literal["runtime"] = "runtime"
+    runtime_type: Annotated[str, Field(min_length=1, max_length=64)]
+    concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
+    mean_call_latency_ms: Annotated[float, Field(ge=0)]
+    function_calling: bool
 
 
 class RecoverySample(_Sample):
@@ -89,14 +121,21 @@ class RecoverySample(_Sample):
 
 
 MetricSample = Annotated[
-    HeartbeatSample | StepSample | EpisodeSample | GpuSample | GradSyncSample | RecoverySample,
+    HeartbeatSample
+    | StepSample
+    | EpisodeSample
+    | GpuSample
+    | GradSyncSample
+    | CudaMemorySample
+    | RuntimeSample
+    | RecoverySample,
     Field(discriminator="kind"),
 ]
 
 SAMPLE_MODELS: dict[str, type[_Sample]] = {
     model.model_fields["kind"].default: model
     for model in (HeartbeatSample, StepSample, EpisodeSample, GpuSample, GradSyncSample,
-                  RecoverySample)
+                  CudaMemorySample, RuntimeSample, RecoverySample)
 }
 MAX_SAMPLES_PER_BATCH = 100_000
 
@@ -131,6 +170,8 @@ StepColumns = _columns_model(StepSample)
 EpisodeColumns = _columns_model(EpisodeSample)
 GpuColumns = _columns_model(GpuSample)
 GradSyncColumns = _columns_model(GradSyncSample)
+CudaMemoryColumns = _columns_model(CudaMemorySample)
+RuntimeColumns = _columns_model(RuntimeSample)
 RecoveryColumns = _columns_model(RecoverySample)
 
 
@@ -140,6 +181,8 @@ class MetricColumns(Model):
     episode: EpisodeColumns | None = None  # type: ignore[valid-type]
     gpu: GpuColumns | None = None  # type: ignore[valid-type]
     grad_sync: GradSyncColumns | None = None  # type: ignore[valid-type]
+    cuda_memory: CudaMemoryColumns | None = None  # type: ignore[valid-type]
+    runtime: RuntimeColumns | None = None  # type: ignore[valid-type]
     recovery: RecoveryColumns | None = None  # type: ignore[valid-type]
 
     def kinds(self) -> dict[str, _Columns]:

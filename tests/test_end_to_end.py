@@ -39,7 +39,9 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     runtime = dsec.init(worker_id=worker_id, node_id="node-a", optimizer=optimizer,
-                        settings=settings, probe_config=ProbeConfig(heartbeat_interval_s=1.0))
+                        settings=settings, probe_config=ProbeConfig(
+                            heartbeat_interval_s=1.0, step_sample_every_n_steps=1,
+                            grad_norm_every_n_steps=1))
     snapshots: list[dict] = []
 
     @dsec.on_action("snapshot")

@@ -46,7 +46,8 @@ class RecordingTransport:
 
 
 def _probe(transport: RecordingTransport, **config: object) -> Probe:
-    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600}  # flushed by hand
+    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600,  # flushed by hand
+                "step_sample_every_n_steps": 1}
     return Probe(IDENTITY, "metrics", transport, ProbeConfig(**{**defaults, **config}))
 
 
@@ -80,7 +81,7 @@ def test_full_buffer_drops_are_counted_exactly_and_reported() -> None:
     transport.accepting = True
     probe._flush_once(force_heartbeat=True)
     transport.poll()
-    samples = transport.batches()[0].samples
+    samples = [s for batch in transport.batches() for s in batch.samples]
     heartbeat = next(s for s in samples if s.kind == "heartbeat")
     assert heartbeat.samples_dropped == 15
     assert sum(1 for s in samples if s.kind == "episode") == 10
@@ -105,7 +106,7 @@ def test_watched_optimizer_reports_grad_norm_and_nonfinite_loss() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     transport = RecordingTransport()
-    probe = _probe(transport)
+    probe = _probe(transport, grad_norm_every_n_steps=1)
     probe.watch(optimizer)
     expected_norms = []
     for step in range(3):

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsec.bench.policy_eval import policy_eval
+from dsec.bench.probe_overhead import probe_overhead
 from dsec.bench.snapshot import snapshot_command
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
@@ -45,3 +46,4 @@ def pipeline(
 
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
+bench_app.command("probe-overhead")(probe_overhead)

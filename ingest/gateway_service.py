@@ -1,0 +1,80 @@
+"""The ingest gateway assembled on real Kafka: HTTP app, batch publisher, webhook forwarder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Producer
+
+from dsec.infra.topics import ensure_topics
+from dsec.ingest.gateway import IngestGateway
+from dsec.ingest.gateway_config import GatewayConfig
+from dsec.ingest.gateway_publisher import KafkaBatchPublisher
+from dsec.ingest.gateway_registry import RuntimeRegistry
+from dsec.ingest.gateway_webhooks import WebhookForwarder
+from dsec.kafka_clients import consumer_config, producer_config
+from dsec.schemas import topic_names
+from dsec.settings import DsecSettings
+
+
+@dataclass
+class GatewayService:
+    gateway: IngestGateway
+    publisher: KafkaBatchPublisher
+    forwarder: WebhookForwarder | None
+    _results_producer: Producer | None
+
+    def start(self) -> GatewayService:
+        if self.forwarder is not None:
+            self.forwarder.start()
+        return self
+
+    def close(self) -> None:
+        if self.forwarder is not None:
+            self.forwarder.stop()
+        if self._results_producer is not None:
+            self._results_producer.flush(10)
+        self.publisher.close()
+
+
+def build_gateway(
+    settings: DsecSettings, config: GatewayConfig, webhooks: bool = True
+) -> GatewayService:
+    ensure_topics(settings)
+    topics = topic_names(settings.topic_prefix)
+    registry = RuntimeRegistry(settings.data_dir / "gateway" / "runtimes.json")
+    publisher = KafkaBatchPublisher(
+        producer_config(settings, client_id="dsec-ingest-gateway"), topics.metrics,
+        config.publish_timeout_s,
+    )
+    gateway = IngestGateway(config, registry, publisher, settings.job_id)
+    forwarder = None
+    results_producer = None
+    if webhooks:
+        results_producer = Producer(producer_config(settings, client_id="dsec-gateway-results"))
+
+        def publish(topic: str, key: bytes, value: bytes) -> None:
+            results_producer.produce(topic, value=value, key=key)
+            results_producer.poll(0)
+
+        forwarder = WebhookForwarder(
+            registry, settings.job_id,
+            # a first start forwards what comes from now on, not the topic's history
+            consumer_config(settings, group_id=f"dsec-gateway-webhooks-{settings.job_id}",
+                            **{"auto.offset.reset": "latest"}),
+            topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
+            publish, config.webhook_timeout_s,
+        )
+    return GatewayService(gateway, publisher, forwarder, results_producer)
+
+
+def run_gateway(settings: DsecSettings, config: GatewayConfig) -> None:
+    """Serves until interrupted."""
+    import uvicorn
+
+    service = build_gateway(settings, config).start()
+    try:
+        uvicorn.run(service.gateway.app(), host=config.host, port=config.port,
+                    log_level="warning")
+    finally:
+        service.close()

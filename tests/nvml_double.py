@@ -1,0 +1,58 @@
+"""A test double of the pynvml functions the NVML sampler calls."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+
+class NvmlTestDouble:
+    """Stands in for the ``pynvml`` functions the sampler calls: two GPUs, the second one
+    without power readings, as some boards are."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.initialised = False
+        self.shut_down = False
+        self.used_bytes = [1 << 30, 2 << 30]
+
+    def nvmlInit(self) -> None:
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return f"GPU-0000000{handle}-aaaa-bbbb".encode()
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int):
+        return SimpleNamespace(used=self.used_bytes[handle], total=80 << 30, free=0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int):
+        return SimpleNamespace(gpu=87, memory=40)
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        assert sensor == 0
+        return 71
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        assert clock == 1
+        return 1755
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return 0x20  # SW thermal slowdown
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        return 412_500  # mW

@@ -1,0 +1,308 @@
+"""The HTTP ingest gateway: auth, validation errors naming the field, publication on the real
+broker, and webhook delivery of actuations."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+from starlette.testclient import TestClient
+
+from dsec.ingest.gateway import IngestGateway
+from dsec.ingest.gateway_config import GatewayConfig
+from dsec.ingest.gateway_publisher import PublishError
+from dsec.ingest.gateway_registry import RuntimeRegistry
+from dsec.ingest.gateway_service import build_gateway
+from dsec.ingest.gateway_webhooks import WebhookForwarder, answer_status
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    ActuationStatus,
+    MetricBatch,
+    WorkerIdentity,
+    decode,
+    encode,
+    now_ms,
+    sign,
+    topic_names,
+)
+from dsec.schemas.actuations import SnapshotParams
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REGISTRATION = {
+    "runtime_id": "dify-agent-7", "runtime_type": "dify", "concurrency": 16,
+    "mean_call_latency_ms": 840.0, "function_calling": True,
+    "webhook_url": "http://127.0.0.1:9/dsec", "node_id": "agent-host-1",
+}
+GOOD_SAMPLES = {"samples": [
+    {"kind": "episode", "event_time_ms": 1_800_000_000_000, "episode_index": 0,
+     "reward": 3.5, "length": 12, "termination_reason": "tool_call_timeout"},
+    {"kind": "heartbeat", "event_time_ms": 1_800_000_000_001, "interval_s": 5},
+]}
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.published: list[tuple[bytes, bytes]] = []
+        self.failing = False
+
+    async def publish(self, key: bytes, value: bytes) -> None:
+        if self.failing:
+            raise PublishError("broker away")
+        self.published.append((key, value))
+
+
+@pytest.fixture
+def gateway(tmp_path) -> tuple[TestClient, RecordingPublisher, RuntimeRegistry]:
+    publisher = RecordingPublisher()
+    registry = RuntimeRegistry(tmp_path / "runtimes.json")
+    app = IngestGateway(GatewayConfig(token=TOKEN), registry, publisher, "job-a").app()
+    return TestClient(app), publisher, registry
+
+
+def test_registration_is_published_and_remembered(gateway, tmp_path) -> None:
+    client, publisher, _registry = gateway
+    answer = client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+    assert client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH).status_code == 200
+    key, value = publisher.published[0]
+    batch = decode(value, MetricBatch)
+    assert key == b"dify-agent-7" and batch.identity.job_id == "job-a"
+    (sample,) = batch.samples
+    assert (sample.kind, sample.concurrency, sample.function_calling) == ("runtime", 16, True)
+    assert RuntimeRegistry(tmp_path / "runtimes.json").get("dify-agent-7") is not None
+    shown = client.get("/v1/runtimes/dify-agent-7", headers=AUTH).json()
+    assert shown["webhook_url"] == "http://127.0.0.1:9/dsec"
+
+
+def test_metrics_become_one_batch_with_the_registered_identity(gateway) -> None:
+    client, publisher, _ = gateway
+    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=AUTH)
+    assert answer.status_code == 202 and answer.json()["accepted"] == 2
+    batch = decode(publisher.published[-1][1], MetricBatch)
+    assert batch.identity == WorkerIdentity(job_id="job-a", worker_id="dify-agent-7",
+                                            node_id="agent-host-1")
+    assert [s.kind for s in batch.samples] == ["episode", "heartbeat"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": f"Basic {TOKEN}"}])
+def test_bad_or_missing_token_is_401(gateway, headers) -> None:
+    client, publisher, _ = gateway
+    answer = client.post("/v1/runtimes", json=REGISTRATION, headers=headers)
+    assert answer.status_code == 401
+    assert answer.json()["error"] == "unauthorized" and "token" in answer.json()["detail"]
+    assert answer.headers["www-authenticate"] == "Bearer"
+    assert publisher.published == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"samples": [{"kind": "episode", "event_time_ms": 1, "episode_index": 0,
+                       "reward": "lots", "length": 3}]}, "samples.0.episode.reward"),
+        ({"samples": [{"kind": "bogus", "event_time_ms": 1}]}, "samples.0"),
+        ({"samples": []}, "samples"),
+        ({"samples": [{"kind": "heartbeat", "event_time_ms": 1, "interval_s": 5,
+                       "extra": 1}]}, "samples.0.heartbeat.extra"),
+    ],
+)
+def test_malformed_batch_is_422_naming_the_field(gateway, body, field) -> None:
+    client, publisher, _ = gateway
+    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    published_before = len(publisher.published)
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=body, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    payload = answer.json()
+    assert payload["error"] == "invalid_request"
+    assert field in [p["field"] for p in payload["problems"]]
+    assert field in payload["detail"] or payload["problems"][0]["field"] in payload["detail"]
+    assert len(publisher.published) == published_before
+
+
+def test_other_client_errors_say_what_is_wrong(gateway) -> None:
+    client, publisher, _ = gateway
+    answer = client.post("/v1/runtimes/nobody/metrics", json=GOOD_SAMPLES, headers=AUTH)
+    assert answer.status_code == 404 and "POST /v1/runtimes" in answer.json()["detail"]
+    answer = client.post("/v1/runtimes", content=b"{not json", headers=AUTH)
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_json"
+    bad = {**REGISTRATION, "concurrency": 0, "webhook_url": "not a url"}
+    answer = client.post("/v1/runtimes", json=bad, headers=AUTH)
+    assert {p["field"] for p in answer.json()["problems"]} == {"concurrency", "webhook_url"}
+    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    publisher.failing = True
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=AUTH)
+    assert answer.status_code == 503 and "try again" in answer.json()["detail"]
+
+
+def _command(worker_id: str, key: bytes, job_id: str = "job-a") -> ActuationCommand:
+    now = now_ms()
+    return sign(ActuationCommand(
+        actuation_id=uuid.uuid4().hex, event_time_ms=now, expires_at_ms=now + 60_000,
+        target=WorkerIdentity(job_id=job_id, worker_id=worker_id, node_id="agent-host-1"),
+        policy_name="reward-variance-jump", policy_version=1, action=SnapshotParams(),
+    ), key)
+
+
+def test_webhook_forwarder_delivers_checks_and_reports(tmp_path) -> None:
+    from dsec.schemas import RuntimeRegistration
+
+    registry = RuntimeRegistry()
+    registry.put(RuntimeRegistration.model_validate(REGISTRATION))
+    posted: list[tuple[str, bytes]] = []
+    results: list[ActuationResult] = []
+
+    def post(url: str, body: bytes, _timeout_s: float) -> tuple[int, bytes]:
+        posted.append((url, body))
+        return 200, b'{"status": "applied", "detail": "snapshot queued"}'
+
+    forwarder = WebhookForwarder(
+        registry, "job-a", {}, "actuations", "results", b"key",
+        lambda _topic, _key, value: results.append(decode(value, ActuationResult)), 5.0, post,
+    )
+    command = _command("dify-agent-7", b"key")
+    assert forwarder.handle(encode(command)) is ActuationStatus.APPLIED
+    assert forwarder.handle(encode(command)) is None  # duplicate: once only
+    assert forwarder.handle(encode(_command("someone-else", b"key"))) is None
+    assert forwarder.handle(encode(_command("dify-agent-7", b"wrong"))) is (
+        ActuationStatus.REJECTED)
+    assert len(posted) == 1 and decode(posted[0][1], ActuationCommand) == command
+    assert results[0].detail == "snapshot queued" and results[0].identity.worker_id == (
+        "dify-agent-7")
+    assert answer_status(500, b"") == (ActuationStatus.FAILED, "webhook answered HTTP 500")
+    assert answer_status(204, b"")[0] is ActuationStatus.APPLIED
+
+
+@pytest.mark.integration
+def test_gateway_publishes_to_the_metrics_topic_on_the_real_broker(settings) -> None:
+    service = build_gateway(settings, GatewayConfig(token=TOKEN), webhooks=False)
+    try:
+        client = TestClient(service.gateway.app())
+        assert client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH).status_code == 201
+        answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
+                             headers=AUTH)
+        assert answer.status_code == 202, answer.text
+        assert client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
+                           headers={"Authorization": "Bearer nope"}).status_code == 401
+    finally:
+        service.close()
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic_names(settings.topic_prefix).metrics])
+    batches: list[MetricBatch] = []
+    try:
+        for _ in range(60):
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                batches.append(decode(message.value(), MetricBatch))
+            if len(batches) == 2:
+                break
+    finally:
+        consumer.close()
+    assert [[s.kind for s in b.samples] for b in batches] == [["runtime"], ["episode", "heartbeat"]]
+    assert {b.identity.worker_id for b in batches} == {"dify-agent-7"}
+
+
+@pytest.mark.integration
+def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_path) -> None:
+    import httpx
+
+    from dsec.infra.kafka_local import free_port
+
+    port = free_port()
+    env = {**os.environ, "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dsec.cli", "ingest-gateway", "--port", str(port),
+         "--bootstrap", settings.bootstrap],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stdout.read().decode()[-3000:]
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.3)
+        refused = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION,
+                             headers={"Authorization": "Bearer nope"})
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+        accepted = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION, headers=AUTH)
+        assert accepted.status_code == 201, accepted.text
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from confluent_kafka import Producer
+
+    received: list[bytes] = []
+
+    class Webhook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            body = b'{"status": "applied", "detail": "snapshot taken by the agent"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registration = {**REGISTRATION, "job_id": settings.job_id,
+                    "webhook_url": f"http://127.0.0.1:{server.server_port}/dsec"}
+    service = build_gateway(settings, GatewayConfig(token=TOKEN)).start()
+    topics = topic_names(settings.topic_prefix)
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    key = settings.signing_key_bytes()
+    try:
+        client = TestClient(service.gateway.app())
+        assert client.post("/v1/runtimes", json=registration, headers=AUTH).status_code == 201
+        sent: list[str] = []
+        deadline = time.monotonic() + 60
+        while not received and time.monotonic() < deadline:  # until the consumer has joined
+            command = _command("dify-agent-7", key, job_id=settings.job_id)
+            sent.append(command.actuation_id)
+            producer.produce(topics.actuations, key=b"agent-host-1", value=encode(command))
+            producer.flush(10)
+            time.sleep(1.0)
+        assert received, "no command reached the webhook"
+        assert decode(received[0], ActuationCommand).actuation_id in sent
+    finally:
+        service.close()
+        server.shutdown()
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topics.actuation_results])
+    results: list[ActuationResult] = []
+    try:
+        for _ in range(60):
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                results.append(decode(message.value(), ActuationResult))
+            if results:
+                break
+    finally:
+        consumer.close()
+    assert results and results[0].status is ActuationStatus.APPLIED
+    assert results[0].detail == "snapshot taken by the agent"
