@@ -8,9 +8,11 @@ import dsec.actuators
 
 def test_dsec_public_names() -> None:
     assert set(dsec.__all__) == {
-        "ActionKind", "ProbeCounters", "RestoredState", "WorkerControls", "WorkerRuntime",
-        "autocast", "controls", "current", "enable_snapshots", "init", "on_action",
-        "report_episode_end", "report_step", "restore", "shutdown",
+        "ActionKind", "ProbeConfig", "ProbeCounters", "RestoredState", "WorkerControls",
+        "WorkerRuntime", "autocast", "clip_grad_norm_", "controls", "current",
+        "enable_snapshots", "init", "note_grad_norm", "on_action", "report_episode_end",
+        "report_step", "restore", "sb3_callback", "shutdown", "training_step", "watch_ddp",
+        "wrap_env",
     }
     assert all(hasattr(dsec, name) for name in dsec.__all__)
 
