@@ -202,3 +202,35 @@ class MetricBatch(Event):
 
     def sample_count(self) -> int:
         return len(self.samples) + (len(self.columns) if self.columns is not None else 0)
+
+    def rows(self) -> list[_Sample]:
+        """Every sample as a row model, whichever form it travelled in (columns first).
+        Convenient, not fast: the stream jobs read columns as columns."""
+        out: list[_Sample] = []
+        if self.columns is not None:
+            for kind, columns in self.columns.kinds().items():
+                model = SAMPLE_MODELS[kind]
+                given = {name: values for name, values in columns.__dict__.items()
+                         if values is not None}
+                for index in range(len(columns)):
+                    out.append(model(event_id=f"{self.event_id}-{kind}-{index}",
+                                     **{name: values[index] for name, values in given.items()}))
+        return out + list(self.samples)
+
+
+def columns_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
+    """Sample dicts (with ``kind``) pivoted into the ``columns`` form: one list per field
+    and kind. A field no sample of a kind has is left out; where only some have it, the
+    others get the field's default."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    out: dict[str, dict[str, list]] = {}
+    for kind, kind_rows in by_kind.items():
+        fields = SAMPLE_MODELS[kind].model_fields
+        present = {name for row in kind_rows for name in row} - {"kind", "event_id"}
+        out[kind] = {
+            name: [row.get(name, fields[name].default) for row in kind_rows]
+            for name in fields if name in present
+        }
+    return out

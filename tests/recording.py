@@ -42,7 +42,7 @@ class RecordingTransport:
         return [decode(value, MetricBatch) for _topic, _key, value in self.messages]
 
     def samples(self, kind: str | None = None) -> list:
-        return [s for b in self.batches() for s in b.samples if kind is None or s.kind == kind]
+        return [s for b in self.batches() for s in b.rows() if kind is None or s.kind == kind]
 
 
 def manual_probe(transport: RecordingTransport, **config: object) -> Probe:

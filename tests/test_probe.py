@@ -61,7 +61,7 @@ def test_samples_become_one_valid_batch_per_flush() -> None:
     probe._flush_once()  # nothing new: no empty message
     batches = transport.batches()
     assert len(batches) == 1
-    kinds = [s.kind for s in batches[0].samples]
+    kinds = [s.kind for s in batches[0].rows()]
     assert kinds.count("episode") == 5 and kinds.count("step") == 1
     assert transport.messages[0][1] == b"w0"  # keyed by worker
     transport.poll()
@@ -81,7 +81,7 @@ def test_full_buffer_drops_are_counted_exactly_and_reported() -> None:
     transport.accepting = True
     probe._flush_once(force_heartbeat=True)
     transport.poll()
-    samples = [s for batch in transport.batches() for s in batch.samples]
+    samples = [s for batch in transport.batches() for s in batch.rows()]
     heartbeat = next(s for s in samples if s.kind == "heartbeat")
     assert heartbeat.samples_dropped == 15
     assert sum(1 for s in samples if s.kind == "episode") == 10
@@ -119,7 +119,7 @@ def test_watched_optimizer_reports_grad_norm_and_nonfinite_loss() -> None:
         probe.note_loss(loss if step < 2 else loss * float("nan"))
         optimizer.step()
     probe._flush_once()
-    steps = [s for s in transport.batches()[0].samples if s.kind == "step"]
+    steps = [s for s in transport.batches()[0].rows() if s.kind == "step"]
     assert [s.step for s in steps] == [0, 1, 2]
     assert [s.grad_norm for s in steps] == pytest.approx(expected_norms, rel=1e-5)
     assert steps[2].loss is None and steps[2].loss_nonfinite
@@ -138,7 +138,7 @@ def test_grad_norm_sampling_every_n_steps() -> None:
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
     probe._flush_once()
-    norms = [s.grad_norm for s in transport.batches()[0].samples if s.kind == "step"]
+    norms = [s.grad_norm for s in transport.batches()[0].rows() if s.kind == "step"]
     assert [n is not None for n in norms] == [True, False, True, False]
 
 

@@ -70,7 +70,7 @@ def test_two_rank_gloo_cartpole_job_publishes_every_signal(settings, tmp_path) -
         assert worker_counters["samples_sent"] == worker_counters["samples_recorded"]
 
     def received(batches: list[MetricBatch]) -> Counter:
-        return Counter(b.identity.worker_id for b in batches for _ in b.samples)
+        return Counter(b.identity.worker_id for b in batches for _ in b.rows())
 
     expected = Counter({worker_id: c["samples_sent"] for worker_id, c in counters.items()})
     batches = consume_batches(settings.bootstrap, topic_names(settings.topic_prefix).metrics,
@@ -78,7 +78,7 @@ def test_two_rank_gloo_cartpole_job_publishes_every_signal(settings, tmp_path) -
     assert received(batches) == expected  # every sample sent arrived, once
 
     for worker_id in counters:
-        samples = [s for b in batches if b.identity.worker_id == worker_id for s in b.samples]
+        samples = [s for b in batches if b.identity.worker_id == worker_id for s in b.rows()]
         by_kind: dict[str, list] = {}
         for sample in samples:
             by_kind.setdefault(sample.kind, []).append(sample)
@@ -176,7 +176,7 @@ def _outage(broker, tmp_path) -> None:
         return sum(len(b.samples) for b in got) >= counters.samples_sent
 
     batches = consume_batches(broker.bootstrap, topic_names("outage").metrics, done, 60)
-    samples = [s for b in batches for s in b.samples]
+    samples = [s for b in batches for s in b.rows()]
     assert len({s.event_id for s in samples}) == len(samples)  # idempotent: no duplicates
     assert counters.samples_buffered == 0
     assert len(samples) == counters.samples_sent

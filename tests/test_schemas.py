@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from dsec.schemas import (
@@ -111,3 +112,22 @@ def test_json_schemas_export(tmp_path) -> None:
     written = export_json_schemas(tmp_path)
     assert {p.name for p in written} >= {"metric_batch.schema.json",
                                          "actuation_command.schema.json"}
+
+
+def test_rows_pivot_to_columns_and_back() -> None:
+    from dsec.schemas.metrics import columns_from_rows
+
+    rows = [
+        {"kind": "step", "event_id": "x" * 8, "event_time_ms": 1, "step": 0, "loss": 0.5},
+        {"kind": "step", "event_id": "y" * 8, "event_time_ms": 2, "step": 1,
+         "loss_nonfinite": True},
+        {"kind": "episode", "event_time_ms": 3, "episode_index": 0, "reward": 2.0, "length": 4},
+    ]
+    columns = columns_from_rows(rows)
+    assert columns["step"] == {"event_time_ms": [1, 2], "step": [0, 1], "loss": [0.5, None],
+                               "loss_nonfinite": [False, True]}
+    batch = decode(orjson.dumps({"identity": IDENTITY.model_dump(), "columns": columns}),
+                   MetricBatch)
+    back = batch.rows()
+    assert [s.kind for s in back] == ["step", "step", "episode"]
+    assert back[1].loss is None and back[1].loss_nonfinite and back[2].reward == 2.0

@@ -43,7 +43,7 @@ def test_large_backlog_goes_out_in_bounded_messages() -> None:
     for index in range(10):
         probe.record_episode(float(index), 1)
     probe._flush_once()
-    assert [len(b.samples) for b in transport.batches()] == [4, 4, 2]
+    assert [len(b.rows()) for b in transport.batches()] == [4, 4, 2]
     transport.poll()
     assert probe.counters().samples_sent == 10
 
