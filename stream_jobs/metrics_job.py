@@ -80,9 +80,13 @@ def register_metrics_job(
         "worker-state", default=dict, partitions=None, key_type=bytes, use_partitioner=True
     )
 
-    def feature_event(identity: WorkerIdentity, values: dict[str, float], event_id: str) -> bytes:
+    def feature_event(
+        identity: WorkerIdentity, values: dict[str, float], event_id: str,
+        tags: dict[str, str] | None = None,
+    ) -> bytes:
         return encode(FeatureEvent(
             event_id=event_id, identity=identity, window="rolling", features=values,
+            tags=tags or {},
         ))
 
     async def process(events: list[faust.EventT]) -> None:
@@ -121,7 +125,7 @@ def register_metrics_job(
                                             message.offset)
                 sends.append(await features.send(
                     key=worker.encode(),
-                    value=feature_event(batch.identity, result.features, event_id),
+                    value=feature_event(batch.identity, result.features, event_id, result.tags),
                 ))
                 counters.features_out += 1
             for contribution in result.gpus:

@@ -44,6 +44,7 @@ class GpuContribution:
 class Update:
     state: State
     features: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
     gpus: list[GpuContribution] = field(default_factory=list)
     skipped: bool = False
 
@@ -75,6 +76,9 @@ def update(
     out = Update(state=state)
     if "episode" in frames:
         _episodes(state, frames["episode"], config, out.features)
+        if state.get("last_end_reason") is not None:
+            # Where the worker's episodes keep ending, for alerts such as the stuck-episode one.
+            out.tags["episode_end_reason"] = str(state["last_end_reason"])[:128]
     if "step" in frames:
         _steps(state, frames["step"], config, out.features)
     if "grad_sync" in frames:

@@ -77,3 +77,16 @@ def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     assert lost is None  # reported once
     back = worker_features.update(state, batch_frames(batch), 0, 1, 21_000, CONFIG)
     assert back.features["worker_lost"] == 0.0 and back.state["lost"] is False
+
+
+def test_the_last_ending_is_tagged_for_alerts() -> None:
+    from dsec.schemas import MetricBatch, MetricColumns
+    from dsec.schemas.metrics import EpisodeColumns
+
+    batch = MetricBatch(identity=TraceIdentity().worker(), columns=MetricColumns(
+        episode=EpisodeColumns(event_time_ms=[1, 2, 3], episode_index=[0, 1, 2],
+                               reward=[1.0] * 3, length=[5] * 3,
+                               termination_reason=["collision_x12"] * 3)))
+    update = worker_features.update({}, batch_frames(batch), 0, 0, 0, CONFIG)
+    assert update.features["episode_same_end_streak"] == 3.0
+    assert update.tags == {"episode_end_reason": "collision_x12"}
