@@ -88,6 +88,9 @@ def _two_rank_worker(rank: int, store_path: str) -> None:
             step = max(g.abs().max().item() for g in gathered) / (127 if bits == 8 else 7)
             assert (got - exact_mean).abs().max().item() <= step / 2 + 1e-6, bits
             assert compression.wire_bytes < local.numel() * 4 / (3 if bits == 8 else 6)
+        # Both ranks done before either tears down: gloo aborts a rank whose peer left
+        # mid-exchange.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
