@@ -47,6 +47,8 @@ def _rule(info: Any, dtype: Any) -> _FieldRule:
     nullable = type(None) in args
     for arg in args:
         metadata.extend(getattr(arg, "__metadata__", ()))
+    # A FieldInfo inside Annotated carries its own constraints: flatten them in.
+    metadata += [sub for item in metadata for sub in getattr(item, "metadata", ())]
     for item in metadata:
         if isinstance(item, annotated_types.Ge):
             lower = (float(item.ge), True)
@@ -60,19 +62,6 @@ def _rule(info: Any, dtype: Any) -> _FieldRule:
             max_length = item.max_length
         if getattr(item, "pattern", None):
             pattern = re.compile(item.pattern)
-        for sub in getattr(item, "metadata", ()):  # FieldInfo inside Annotated
-            if getattr(sub, "pattern", None):
-                pattern = re.compile(sub.pattern)
-            if isinstance(sub, annotated_types.Ge):
-                lower = (float(sub.ge), True)
-            elif isinstance(sub, annotated_types.Gt):
-                lower = (float(sub.gt), False)
-            elif isinstance(sub, annotated_types.Le):
-                upper = (float(sub.le), True)
-            elif isinstance(sub, annotated_types.Lt):
-                upper = (float(sub.lt), False)
-            elif isinstance(sub, annotated_types.MaxLen):
-                max_length = sub.max_length
     choices = None
     literal_args = [a for a in (annotation, *args) if typing.get_origin(a) is typing.Literal]
     if literal_args:
