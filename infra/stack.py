@@ -18,13 +18,13 @@ from pathlib import Path
 from dsec.infra.clickhouse import connect, ensure_schema
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
-from dsec.infra.topics import ensure_topics
+from dsec.infra.topics import ensure_changelog_topics, ensure_topics
 from dsec.kafka_clients import consumer_config
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
 from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app
-from dsec.stream_jobs.metrics_job import register_metrics_job
+from dsec.stream_jobs.metrics_job import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.sink import ClickHouseSink
 from dsec.stream_jobs.worker_features import FeatureConfig
 
@@ -99,7 +99,10 @@ def _start_sink_process(
     command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,
                "--services", "sink", "--data-dir", str(data_dir)]
     env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix}
-    process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    # A session of its own: a terminal's Ctrl-C reaches this process, which then stops the
+    # sink after the stream jobs, instead of both at once.
+    process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent,
+                               start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while read_stack_state(data_dir) is None:
         if process.poll() is not None or time.monotonic() > deadline:
@@ -177,6 +180,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             partitions=_partition_count(settings, topics.metrics),
         )
         if "stream-jobs" in options.services:
+            ensure_changelog_topics(settings, app.conf.id, list(METRICS_JOB_TABLES),
+                                    app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
             )

@@ -36,3 +36,22 @@ def ensure_topics(
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
     return created
+
+
+def ensure_changelog_topics(
+    settings: DsecSettings, app_id: str, tables: list[str], partitions: int
+) -> None:
+    """Faust table changelogs, made before Faust starts: a changelog Faust creates itself
+    can be missing from the first metadata it reads, and its agent then stalls."""
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    wanted = [
+        NewTopic(f"{app_id}-{table}-changelog", partitions, 1,
+                 config={"cleanup.policy": "compact"})
+        for table in tables
+    ]
+    for future in admin.create_topics(wanted, request_timeout=30).values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise

@@ -7,6 +7,7 @@ import contextlib
 
 import faust
 
+from dsec.infra.topics import ensure_changelog_topics
 from dsec.policy_engine.agent import (
     TABLES,
     EngineCounters,
@@ -38,30 +39,10 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
     return registry, decisions, next_offset
 
 
-def ensure_changelog_topics(settings: DsecSettings, app_id: str, partitions: int) -> None:
-    """The engine's table changelogs, made before Faust starts: a changelog Faust creates
-    itself can be missing from the first metadata it reads, and the agent then stalls."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
-    wanted = [
-        NewTopic(f"{app_id}-{table}-changelog", partitions, 1,
-                 config={"cleanup.policy": "compact"})
-        for table in TABLES
-    ]
-    for future in admin.create_topics(wanted, request_timeout=30).values():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                raise
-
-
 def register(
     app: faust.App, settings: DsecSettings, options: EngineOptions | None = None
 ) -> EngineCounters:
-    ensure_changelog_topics(settings, app.conf.id, app.conf.topic_partitions)
+    ensure_changelog_topics(settings, app.conf.id, list(TABLES), app.conf.topic_partitions)
     registry, decisions, next_offset = build_registry(settings)
     return register_policy_engine(
         app, topic_names(settings.topic_prefix), registry, settings.signing_key_bytes(),

@@ -46,6 +46,9 @@ class JobCounters:
     gpu_profiles_out: int = 0
 
 
+METRICS_JOB_TABLES = ("worker-state",)
+
+
 def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
     message = event.message
     return DeadLetter.for_message(
