@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from dsec.policy_engine.conditions import ConditionError
 from dsec.policy_engine.vectorised import VectorCondition
 from dsec.schemas import PolicyDecision, PolicySpec, SignatureError, verify
+from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
 from dsec.schemas.policies import DecisionKind
 
@@ -44,11 +45,7 @@ def parse_policy(text: str | bytes) -> PolicySpec:
     try:
         return PolicySpec.model_validate(document)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()[:10]
-        )
-        raise PolicyRejected(f"invalid policy: {problems}") from None
+        raise PolicyRejected(f"invalid policy: {describe(exc)}") from None
 
 
 @dataclass(frozen=True)

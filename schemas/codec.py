@@ -22,14 +22,18 @@ def encode(model: BaseModel) -> bytes:
     return orjson.dumps(model.model_dump(mode="json", exclude_none=True))
 
 
+def describe(exc: ValidationError, limit: int = 10) -> str:
+    """The first ``limit`` problems, each with the field at fault: ``samples.0.reward: ...``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors()[:limit]
+    )
+
+
 def decode(data: bytes | str | None, model: type[M]) -> M:
     if data is None:
         raise DecodeError("empty message (tombstone) where an event was expected")
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()[:10]
-        )
-        raise DecodeError(f"invalid {model.__name__}: {problems}") from None
+        raise DecodeError(f"invalid {model.__name__}: {describe(exc)}") from None
