@@ -10,12 +10,13 @@ from pydantic import BaseModel
 from dsec.schemas.actuations import ActuationCommand, ActuationResult
 from dsec.schemas.dead_letters import DeadLetter
 from dsec.schemas.features import FeatureEvent
-from dsec.schemas.metrics import MetricBatch
+from dsec.schemas.metrics import MetricBatch, PackedColumn
 from dsec.schemas.policies import PolicyDecision, PolicySpec
 from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "metric_batch": MetricBatch,
+    "packed_column": PackedColumn,
     "feature_event": FeatureEvent,
     "policy_spec": PolicySpec,
     "policy_decision": PolicyDecision,

@@ -11,8 +11,12 @@ samples a second.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import typing
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import Field, create_model, model_validator
 
 from dsec.schemas.base import EpochMs, Event, Identifier, Model, WorkerIdentity, new_event_id
@@ -140,8 +144,92 @@ SAMPLE_MODELS: dict[str, type[_Sample]] = {
 MAX_SAMPLES_PER_BATCH = 100_000
 
 
+def _value_kind(info: Any) -> str:
+    """How a field travels in columns: required numbers keep their type, optional numbers are
+    floats (null is NaN), everything else is a string."""
+    if info.annotation in (int, float, bool):
+        return info.annotation.__name__
+    for arg in typing.get_args(info.annotation):
+        if arg in (int, float) or getattr(arg, "__origin__", None) in (int, float):
+            return "float"
+    return "str"
+
+
+FIELD_KINDS: dict[str, dict[str, str]] = {
+    kind: {name: _value_kind(info) for name, info in model.model_fields.items()
+           if name not in ("kind", "event_id")}
+    for kind, model in SAMPLE_MODELS.items()
+}
+PACKED_DTYPES = {"float": "<f8", "int": "<i8", "bool": "|b1"}
+_PACKED_ITEMSIZE = {"<f8": 8, "<f4": 4, "<i8": 8, "|b1": 1}
+
+
+class PackedColumn(Model):
+    """A column of numbers as little-endian bytes in base64: a tenth of the parsing cost of
+    a JSON list. Floats may be ``<f8`` or ``<f4`` (NaN is null), integers ``<i8``, booleans
+    ``|b1``."""
+
+    dtype: Literal["<f8", "<f4", "<i8", "|b1"]
+    data: Annotated[str, Field(max_length=4 * MAX_SAMPLES_PER_BATCH * 8 // 3 + 4)]
+
+
+_PACKED_FOR = {"float": ("<f8", "<f4"), "int": ("<i8",), "bool": ("|b1",), "str": ()}
+
+
+def unpack_column(value: dict[str, Any], value_kind: str) -> list:
+    """A packed column as a list (NaN → None); ``ValueError`` when it is not one, or not
+    one for a column of ``value_kind``."""
+    packed = PackedColumn.model_validate(value)
+    if packed.dtype not in _PACKED_FOR[value_kind]:
+        raise ValueError(f"packed dtype {packed.dtype} does not fit a {value_kind} column")
+    try:
+        raw = base64.b64decode(packed.data, validate=True)
+    except binascii.Error:
+        raise ValueError("packed column data is not base64") from None
+    if len(raw) % _PACKED_ITEMSIZE[packed.dtype]:
+        raise ValueError(f"packed column length is not a multiple of {packed.dtype}")
+    array = np.frombuffer(raw, dtype=packed.dtype)
+    if array.dtype.kind == "f":
+        return [None if value != value else value for value in array.tolist()]
+    return array.tolist()
+
+
+def pack_columns(columns: dict[str, dict[str, list]]) -> dict[str, dict[str, Any]]:
+    """The ``columns`` form with every numeric column packed (strings stay lists)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, fields in columns.items():
+        out[kind] = {}
+        for name, values in fields.items():
+            value_kind = FIELD_KINDS[kind][name]
+            if value_kind == "str":
+                out[kind][name] = values
+                continue
+            dtype = PACKED_DTYPES[value_kind]
+            array = (np.array(values, dtype=np.float64) if value_kind == "float"
+                     else np.asarray(values, dtype=dtype))
+            out[kind][name] = {"dtype": dtype,
+                               "data": base64.b64encode(array.astype(dtype).tobytes()).decode()}
+    return out
+
+
 class _Columns(Model):
-    """Equal-length lists, one per field of the row model; optional fields may be left out."""
+    """Equal-length lists, one per field of the row model; optional fields may be left out.
+    Any numeric column may instead be a ``PackedColumn`` object (its JSON Schema is
+    exported beside this one); it is a list once validated."""
+
+    sample_kind: typing.ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        kinds = FIELD_KINDS[cls.sample_kind]
+        return {
+            name: unpack_column(value, kinds.get(name, "str")) if isinstance(value, dict)
+            else value
+            for name, value in data.items()
+        }
 
     @model_validator(mode="after")
     def _equal_lengths(self) -> _Columns:
@@ -162,7 +250,9 @@ def _columns_model(row_model: type[_Sample]) -> type[_Columns]:
         column = Annotated[list[info.rebuild_annotation()],  # type: ignore[misc]
                            Field(max_length=MAX_SAMPLES_PER_BATCH)]
         fields[name] = (column, ...) if info.is_required() else (column | None, None)
-    return create_model(f"{row_model.__name__}Columns", __base__=_Columns, **fields)
+    model = create_model(f"{row_model.__name__}Columns", __base__=_Columns, **fields)
+    model.sample_kind = row_model.model_fields["kind"].default
+    return model
 
 
 HeartbeatColumns = _columns_model(HeartbeatSample)
@@ -216,6 +306,16 @@ class MetricBatch(Event):
                     out.append(model(event_id=f"{self.event_id}-{kind}-{index}",
                                      **{name: values[index] for name, values in given.items()}))
         return out + list(self.samples)
+
+
+def encode_packed(batch: MetricBatch) -> bytes:
+    """The batch's wire form with its numeric columns packed (what the probe sends)."""
+    import orjson
+
+    document = batch.model_dump(mode="json", exclude_none=True)
+    if document.get("columns"):
+        document["columns"] = pack_columns(document["columns"])
+    return orjson.dumps(document)
 
 
 def columns_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, list]]:

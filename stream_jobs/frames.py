@@ -11,33 +11,16 @@ from typing import Any
 import numpy as np
 
 from dsec.schemas import MetricBatch
-from dsec.schemas.metrics import SAMPLE_MODELS
+from dsec.schemas.metrics import FIELD_KINDS, SAMPLE_MODELS
 
 Frame = dict[str, np.ndarray]
 
-_DTYPES: dict[type, Any] = {int: np.int64, float: np.float64, bool: np.bool_}
+_DTYPES: dict[str, Any] = {"int": np.int64, "float": np.float64, "bool": np.bool_, "str": object}
 
-
-def _field_dtypes(kind: str) -> dict[str, Any]:
-    """Required numbers keep their type; optional numbers are float so None can be NaN;
-    everything else (strings, literals) is an object column."""
-    out = {}
-    for name, info in SAMPLE_MODELS[kind].model_fields.items():
-        if name in ("kind", "event_id"):
-            continue
-        if info.annotation in _DTYPES:
-            out[name] = _DTYPES[info.annotation]
-        elif any(
-            arg in _DTYPES or getattr(arg, "__origin__", None) in _DTYPES
-            for arg in getattr(info.annotation, "__args__", ())
-        ):
-            out[name] = np.float64
-        else:
-            out[name] = object
-    return out
-
-
-FIELD_DTYPES: dict[str, dict[str, Any]] = {kind: _field_dtypes(kind) for kind in SAMPLE_MODELS}
+FIELD_DTYPES: dict[str, dict[str, Any]] = {
+    kind: {name: _DTYPES[value_kind] for name, value_kind in fields.items()}
+    for kind, fields in FIELD_KINDS.items()
+}
 
 
 def _column(values: list, dtype: Any) -> np.ndarray:

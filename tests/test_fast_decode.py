@@ -88,3 +88,55 @@ def test_invalid_batches_are_refused_by_both(data: bytes, fragment: str) -> None
     assert fragment in fast.value.reason
     with pytest.raises(DecodeError):
         decode(data, MetricBatch)
+
+
+@pytest.mark.parametrize("batch", VALID)
+def test_packed_columns_decode_like_lists(batch: MetricBatch) -> None:
+    from dsec.schemas.metrics import encode_packed
+
+    packed = decode_metric_batch(encode_packed(batch))
+    listed = decode_metric_batch(encode(batch))
+    assert packed.frames.keys() == listed.frames.keys()
+    for kind, frame in listed.frames.items():
+        for name, column in frame.items():
+            got = packed.frames[kind][name]
+            if column.dtype == object:
+                assert got.tolist() == column.tolist()
+            else:
+                np.testing.assert_array_equal(got, column, err_msg=f"{kind}.{name}")
+    assert decode(encode_packed(batch), MetricBatch).rows() == decode(
+        encode(batch), MetricBatch).rows()
+
+
+def _packed(dtype: str, values) -> dict:
+    import base64
+
+    return {"dtype": dtype, "data": base64.b64encode(np.asarray(values, dtype=dtype).tobytes())
+            .decode()}
+
+
+PACKED_INVALID = [
+    (_message({"step": {"event_time_ms": _packed("<i8", [1, 2]), "step": _packed("<i8", [1])}}),
+     "equal lengths"),
+    (_message({"step": {"event_time_ms": _packed("<i8", [1]), "step": _packed("<i8", [-1])}}),
+     ">= 0"),
+    (_message({"step": {"event_time_ms": _packed("<i8", [1]), "step": _packed("<f8", [1.0])}}),
+     "packed dtype"),
+    (_message({"step": {"event_time_ms": [1], "step": {"dtype": "<i8", "data": "%%%"}}}),
+     "base64"),
+    (_message({"episode": {"event_time_ms": [1], "episode_index": [0],
+                           "reward": _packed("<f8", [float("nan")]), "length": [1]}}),
+     "null where a number is required"),
+    (_message({"episode": {"event_time_ms": [1], "episode_index": [0], "reward": [1.0],
+                           "length": [1], "termination_reason": _packed("<i8", [1])}}),
+     "numeric column"),
+]
+
+
+@pytest.mark.parametrize(("data", "fragment"), PACKED_INVALID)
+def test_invalid_packed_columns_are_refused_by_both(data: bytes, fragment: str) -> None:
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(data)
+    assert fragment in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(data, MetricBatch)

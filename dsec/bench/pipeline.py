@@ -1,8 +1,9 @@
 """``dsec bench pipeline``: the stream jobs' throughput against a bare consumer's, one topic.
 
-1. A topic is filled with probe-shaped batches (columnar, ``samples_per_message`` each).
-2. A bare confluent-kafka consumer reads and decodes every message (orjson): the
-   practical limit of a Python consumer.
+1. A topic is filled with probe-shaped batches (packed columns, ``samples_per_message``
+   each), as the probe sends them.
+2. A bare confluent-kafka consumer reads and decodes every message (orjson, then each
+   column into a numpy array): the practical limit of a Python consumer.
 3. The stream stack (``dsec up --services stream-jobs,sink`` on the same broker: the Faust
    metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -22,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -29,7 +32,8 @@ from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.stack import sink_group, stream_group
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import producer_config
-from dsec.schemas import encode, topic_names
+from dsec.schemas import topic_names
+from dsec.schemas.metrics import encode_packed
 from dsec.settings import DsecSettings
 from dsec.stream_jobs.traces import TraceIdentity, training_batch
 
@@ -61,11 +65,22 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
             template = payloads[ident.worker_id] = training_batch(
                 ident, index, options.samples_per_message)
         batch = template.model_copy(update={"event_id": f"bench-{uuid.uuid4().hex}"})
-        producer.produce(topic, key=ident.worker_id.encode(), value=encode(batch))
+        producer.produce(topic, key=ident.worker_id.encode(), value=encode_packed(batch))
         producer.poll(0)
     if producer.flush(120) != 0:
         raise RuntimeError("could not fill the benchmark topic")
     return messages
+
+
+def _decode_columns(document: dict) -> int:
+    """What a bare consumer does with a message: every column into an array."""
+    samples = 0
+    for columns in document["columns"].values():
+        for value in columns.values():
+            array = (np.frombuffer(base64.b64decode(value["data"]), dtype=value["dtype"])
+                     if isinstance(value, dict) else np.asarray(value))
+        samples += array.size
+    return samples
 
 
 def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float, float]:
@@ -83,9 +98,7 @@ def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float,
         for message in batch:
             if message.error():
                 continue
-            decoded = orjson.loads(message.value())
-            samples += sum(len(columns["event_time_ms"])
-                           for columns in decoded["columns"].values())
+            samples += _decode_columns(orjson.loads(message.value()))
             read += 1
     elapsed = time.perf_counter() - (started or time.perf_counter())
     consumer.close()
