@@ -39,6 +39,10 @@ def consumer_config(settings: DsecSettings, group_id: str, **overrides: str | in
     return config
 
 
+# Probe messages are tens of kilobytes: fetch many per partition per round trip.
+BULK_FETCH = {"max.partition.fetch.bytes": 8 << 20, "fetch.max.bytes": 64 << 20}
+
+
 def make_producer(settings: DsecSettings, client_id: str, **overrides: str | int) -> Producer:
     return Producer(producer_config(settings, client_id, **overrides))
 

@@ -19,7 +19,7 @@ from dsec.infra.clickhouse import connect, ensure_schema
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
-from dsec.kafka_clients import consumer_config
+from dsec.kafka_clients import BULK_FETCH, consumer_config
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
@@ -163,7 +163,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             ensure_schema(client, settings.clickhouse_ttl_days)
             client_lock = threading.Lock()
             sink = ClickHouseSink(
-                client, client_lock, consumer_config(settings, sink_group(settings)), topics
+                client, client_lock,
+                consumer_config(settings, sink_group(settings), **BULK_FETCH), topics
             )
             sink.start()
             query_server = QueryServer(client, client_lock)

@@ -198,8 +198,11 @@ def _frame(kind: str, columns: Any) -> Frame:
         if values is None:
             if rule.required:
                 raise _fail(kind, name, "field required")
-            values = [rule.default] * n
-        elif isinstance(values, dict):
+            # The model's default is valid by definition: no need to check n copies of it.
+            default = np.nan if rule.default is None and rule.dtype is np.float64 else rule.default
+            frame[name] = np.full(n, default, dtype=rule.dtype)
+            continue
+        if isinstance(values, dict):
             frame[name] = _packed(kind, name, values, rule, n)
             continue
         elif not isinstance(values, list):

@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.stack import sink_group, stream_group
 from dsec.infra.topics import ensure_topics
-from dsec.kafka_clients import producer_config
+from dsec.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.schemas import topic_names
 from dsec.schemas.metrics import encode_packed
 from dsec.settings import DsecSettings
@@ -84,9 +84,8 @@ def _decode_columns(document: dict) -> int:
 
 
 def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float, float]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap,
-                         "group.id": f"bench-raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, **settings.kafka_security()})
+    # The same client settings as the sink's consumer: only what is done per message differs.
+    consumer = Consumer(consumer_config(settings, f"bench-raw-{uuid.uuid4().hex}", **BULK_FETCH))
     metadata = consumer.list_topics(topic, timeout=10)
     consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
     read = samples = 0
