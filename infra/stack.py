@@ -19,7 +19,7 @@ from dsec.infra.clickhouse import connect, ensure_schema
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
-from dsec.kafka_clients import BULK_FETCH, consumer_config
+from dsec.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
@@ -164,7 +164,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             client_lock = threading.Lock()
             sink = ClickHouseSink(
                 client, client_lock,
-                consumer_config(settings, sink_group(settings), **BULK_FETCH), topics
+                consumer_config(settings, sink_group(settings), **BULK_FETCH), topics,
+                producer_config(settings, "dsec-clickhouse-sink"),
             )
             sink.start()
             query_server = QueryServer(client, client_lock)

@@ -10,6 +10,10 @@ Kafka. Nothing is stored twice:
 - the smaller topics are deduplicated by event id (derived outputs of the stream
   jobs carry deterministic ids, so a replayed stream batch re-derives the same ids);
 - every insert carries the hash of its events' ids as the deduplication token.
+
+A block the server rejects for its contents (not for a lost connection) is split until
+the events it cannot store are known; those go to the dead-letter topic with the server's
+reason before the batch's offsets move, and the rest is stored.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from clickhouse_connect.driver.client import Client
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from pydantic import BaseModel
-from tenacity import Retrying, stop_never, wait_exponential
+from tenacity import Retrying, retry_if_not_exception_type, stop_never, wait_exponential
 
 from dsec.schemas import (
     ActuationCommand,
@@ -38,10 +43,12 @@ from dsec.schemas import (
     GpuProfileEvent,
     PolicyDecision,
     decode,
+    encode,
 )
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import rows
 from dsec.stream_jobs.fast_decode import decode_metric_batch
+from dsec.stream_jobs.insert_errors import InsertFailure, classify_insert_error, short_reason
 from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 log = logging.getLogger(__name__)
@@ -99,15 +106,42 @@ class _RecentIds:
             self._ids.popitem(last=False)
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a stored event came from, to dead-letter it if the store refuses it."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    event_id: str
+    source: Source
+    rows: list[rows.Row]
+
+
+class InsertRejected(Exception):
+    """The server refused a block for what is in it; the same block will never go in."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class PreparedBatch:
     """A consumed batch, decoded: what each table receives, and where the next one starts.
     Each table's deduplication token hashes the ids of the events it holds."""
 
     arrow: dict[str, Any] = field(default_factory=dict)
-    rows: dict[str, list[rows.Row]] = field(default_factory=dict)
+    events: dict[str, list[StoredEvent]] = field(default_factory=dict)
+    raw_sources: dict[str, Source] = field(default_factory=dict)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     tokens: dict[str, Any] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
 
     def token(self, table: str) -> Any:
         return self.tokens.setdefault(table, hashlib.blake2b(digest_size=16))
@@ -125,6 +159,9 @@ class SinkCounters:
     duplicates_skipped: int = 0
     undecodable: int = 0
     insert_retries: int = 0
+    inserts_rejected: int = 0
+    dead_lettered: int = 0
+    dead_letters_unstorable: int = 0
 
 
 class ClickHouseSink:
@@ -134,6 +171,7 @@ class ClickHouseSink:
         client_lock: threading.Lock,
         consumer_config: dict,
         topics: TopicNames,
+        producer_config: dict,
         batch_max_messages: int = 2000,
         poll_timeout_s: float = 0.1,
         remember_ids: int = 200_000,
@@ -143,6 +181,8 @@ class ClickHouseSink:
         self._consumer_config = consumer_config
         self._group = str(consumer_config["group.id"])
         self._metrics_topic = topics.metrics
+        self._dead_letter_topic = topics.dead_letters
+        self._producer = Producer(producer_config)
         self._routes = routes_for(topics)
         self._tables = {route.table: route for route in self._routes.values()}
         self._batch_max = batch_max_messages
@@ -239,7 +279,7 @@ class ClickHouseSink:
             batch.next_offsets[(topic, message.partition())] = message.offset() + 1
             self.counters.messages += 1
             if topic == self._metrics_topic:
-                self._add_raw(raw, value, batch)
+                self._add_raw(raw, message, batch)
                 continue
             route = self._routes.get(topic)
             if route is None:
@@ -255,25 +295,22 @@ class ClickHouseSink:
                 self.counters.duplicates_skipped += 1
                 continue
             self._recent[route.table].add(event_id)
-            batch.rows.setdefault(route.table, []).extend(route.to_rows(event))
+            source = Source(topic, message.partition(), message.offset(), value)
+            batch.events.setdefault(route.table, []).append(
+                StoredEvent(event_id, source, route.to_rows(event)))
             batch.token(route.table).update(event_id.encode())
         batch.arrow = raw.tables()
         return batch
 
     def store(self, batch: PreparedBatch) -> None:
-        """Writes a prepared batch, then where the next one starts (``sink_offsets``)."""
+        """Writes a prepared batch, its dead letters, then where the next one starts
+        (``sink_offsets``)."""
         for table, arrow_table in batch.arrow.items():
-            token = f"{table}:{batch.token('raw').hexdigest()}"
-            self._insert(table, lambda t=table, a=arrow_table, k=token: self._client.insert_arrow(
-                t, a, settings={"insert_deduplication_token": k}))
-            self._count(table, arrow_table.num_rows)
-        for table, table_rows in batch.rows.items():
-            route = self._tables[table]
-            token = batch.token(table).hexdigest()
-            self._insert(table, lambda t=table, r=table_rows, c=route.columns, k=token:
-                         self._client.insert(t, r, column_names=c,
-                                             settings={"insert_deduplication_token": k}))
-            self._count(table, len(table_rows))
+            self._store_arrow(table, arrow_table, batch)
+        for table, events in batch.events.items():
+            self._store_events(table, events, batch)
+        if batch.dead_letters:
+            self._publish_dead_letters(batch.dead_letters)
         if batch.next_offsets:
             offset_rows = [[self._group, topic, partition, offset]
                            for (topic, partition), offset in batch.next_offsets.items()]
@@ -281,7 +318,106 @@ class ClickHouseSink:
                 "sink_offsets", offset_rows,
                 column_names=["consumer_group", "topic", "partition", "next_offset"]))
 
-    def _add_raw(self, raw: RawColumnsBuilder, value: bytes, batch: PreparedBatch) -> None:
+    def _store_arrow(self, table: str, arrow_table: Any, batch: PreparedBatch) -> None:
+        token = f"{table}:{batch.token('raw').hexdigest()}"
+        try:
+            self._insert(table, lambda: self._client.insert_arrow(
+                table, arrow_table, settings={"insert_deduplication_token": token}))
+            self._count(table, arrow_table.num_rows)
+            return
+        except InsertRejected:
+            pass
+        # Each message's rows of a kind are contiguous and number from 0.
+        starts = np.flatnonzero(arrow_table.column("seq").to_numpy() == 0)
+        bounds = [*starts.tolist(), arrow_table.num_rows]
+        batch_ids = arrow_table.column("batch_id")
+
+        def insert(lo: int, hi: int, sub_token: str) -> None:
+            part = arrow_table.slice(bounds[lo], bounds[hi] - bounds[lo])
+            self._client.insert_arrow(table, part,
+                                      settings={"insert_deduplication_token": sub_token})
+            self._count(table, part.num_rows)
+
+        def reject(unit: int, reason: str) -> None:
+            source = batch.raw_sources[batch_ids[bounds[unit]].as_py()]
+            self._dead_letter(batch, source, reason)
+
+        self._split_insert(table, len(starts), token, insert, reject)
+
+    def _store_events(self, table: str, events: list[StoredEvent], batch: PreparedBatch) -> None:
+        columns = self._tables[table].columns
+
+        def insert(lo: int, hi: int, sub_token: str) -> None:
+            table_rows = [row for event in events[lo:hi] for row in event.rows]
+            self._client.insert(table, table_rows, column_names=columns,
+                                settings={"insert_deduplication_token": sub_token})
+            self._count(table, len(table_rows))
+
+        def reject(unit: int, reason: str) -> None:
+            if table == "dead_letters":
+                self.counters.dead_letters_unstorable += 1
+                log.error("sink: a dead letter cannot be stored (%s); it stays on %s",
+                          reason, self._dead_letter_topic)
+                return
+            self._dead_letter(batch, events[unit].source, reason)
+
+        token = batch.token(table).hexdigest()
+        try:
+            self._insert(table, lambda: insert(0, len(events), token))
+        except InsertRejected:
+            self._split_insert(table, len(events), token, insert, reject)
+
+    def _split_insert(
+        self,
+        table: str,
+        count: int,
+        token: str,
+        insert: Callable[[int, int, str], None],
+        reject: Callable[[int, str], None],
+    ) -> None:
+        """Units [0, count) were refused as one block: halves are tried until the units
+        refused on their own are known. Each part's token derives from the block's, so a
+        replay of the same batch is still recognised."""
+        parts = [(count // 2, count), (0, count // 2)]
+        while parts:
+            lo, hi = parts.pop()
+            if hi <= lo:
+                continue
+            sub_token = f"{token}:{lo}-{hi}"
+            try:
+                self._insert(table, lambda lo=lo, hi=hi, k=sub_token: insert(lo, hi, k))
+            except InsertRejected as exc:
+                if hi - lo == 1:
+                    reject(lo, exc.reason)
+                else:
+                    middle = (lo + hi) // 2
+                    parts += [(middle, hi), (lo, middle)]
+
+    def _dead_letter(self, batch: PreparedBatch, source: Source, reason: str) -> None:
+        self.counters.dead_lettered += 1
+        log.warning("sink: %s@%d:%d dead-lettered: %s", source.topic, source.partition,
+                    source.offset, reason)
+        batch.dead_letters.append(DeadLetter.for_message(
+            topic=source.topic, partition=source.partition, offset=source.offset,
+            reason=reason, payload=source.value))
+
+    def _publish_dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Durable on the dead-letter topic before the batch's offsets are recorded."""
+        failures: list[str] = []
+
+        def delivered(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        for letter in letters:
+            self._producer.produce(self._dead_letter_topic, key=letter.source_topic.encode(),
+                                   value=encode(letter), on_delivery=delivered)
+        remaining = self._producer.flush(60)
+        if remaining or failures:
+            raise RuntimeError(f"dead letters not delivered: {remaining} pending, {failures}")
+
+    def _add_raw(self, raw: RawColumnsBuilder, message: Message, batch: PreparedBatch) -> None:
+        value = message.value()
         try:
             decoded = decode_metric_batch(value)
         except DecodeError:
@@ -293,6 +429,8 @@ class ClickHouseSink:
             self.counters.duplicates_skipped += 1
             return
         self._recent_batches.add(batch_id)
+        batch.raw_sources[batch_id] = Source(message.topic(), message.partition(),
+                                             message.offset(), value)
         raw.add(decoded.header, decoded.frames)
         self.counters.samples += decoded.sample_count()
         batch.token("raw").update(batch_id.encode())
@@ -301,7 +439,10 @@ class ClickHouseSink:
         self.counters.rows_by_table[table] = self.counters.rows_by_table.get(table, 0) + added
 
     def _insert(self, table: str, insert: Callable[[], object]) -> None:
+        """Retries what may go away (connection, load, schema not there yet) for ever;
+        raises ``InsertRejected`` at once when the server refuses the rows themselves."""
         for attempt in Retrying(wait=wait_exponential(min=0.2, max=10), stop=stop_never,
+                                retry=retry_if_not_exception_type(InsertRejected),
                                 reraise=True):
             with attempt:
                 if self._stop.is_set() and attempt.retry_state.attempt_number > 3:
@@ -310,6 +451,9 @@ class ClickHouseSink:
                     with self._client_lock:
                         insert()
                 except Exception as exc:
+                    if classify_insert_error(exc) is InsertFailure.REJECTED:
+                        self.counters.inserts_rejected += 1
+                        raise InsertRejected(short_reason(table, exc)) from exc
                     self.counters.insert_retries += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("sink: insert into %s failed, retrying: %s", table, exc)
@@ -320,6 +464,7 @@ class ClickHouseSink:
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
             self._thread = None
+        self._producer.flush(timeout_s)
 
 
 def wait_until_drained(
