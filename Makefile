@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint up clean
+.PHONY: setup demo test bench lint up clean
 
 setup: $(VENV)/.installed $(VENV)/.kafka-jars
 
@@ -22,6 +22,14 @@ demo: setup
 
 up: setup
 	$(BIN)/dsec up
+
+# Every benchmark, one JSON line each: probe on vs off, pipeline vs bare consumer,
+# snapshot vs torch.save, vectorised vs cel-python policy evaluation (~10 min).
+bench: setup
+	$(BIN)/dsec bench probe-overhead --json
+	$(BIN)/dsec bench pipeline --json
+	$(BIN)/dsec bench snapshot --json
+	$(BIN)/dsec bench policy-eval --json
 
 lint: setup
 	$(BIN)/ruff check .
