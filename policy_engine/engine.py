@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 # Triggers, not settings: two policies asking for one conflict with nothing.
 _UNOWNED_KINDS = {ActionKind.SNAPSHOT}
+_OWNED_KINDS = tuple(kind for kind in ActionKind if kind not in _UNOWNED_KINDS)
 _IDLE = PolicyState()
 _ACTION = TypeAdapter(ActionParams)
 
@@ -119,6 +120,7 @@ class Engine:
                       if c is not None and c.last_error]
             if errors:
                 self._report(policy, errors[0], out)
+        self._resume_orphaned_claims(events, out)
         return out
 
     def _report(self, policy: CompiledPolicy, problem: str, out: EngineOutput) -> None:
@@ -308,6 +310,50 @@ class Engine:
         owner = self.registry.get(top)
         resumed = _ACTION.validate_python(entry["claims"][top]["action"])
         return owner, resumed, f" (resumes {top})"
+
+    def _resume_orphaned_claims(self, events: Sequence[FeatureEvent], out: EngineOutput) -> None:
+        """A claim deferred behind one that has since expired, or whose policy was deleted,
+        takes effect at its target's next feature event: the holder never undoes, so
+        nothing else would hand the knob on."""
+        if not len(self.knobs):
+            return
+        seen: set[str] = set()
+        for event in events:
+            target = f"{event.identity.job_id}|{event.identity.worker_id}"
+            if target in seen:
+                continue
+            seen.add(target)
+            for kind in _OWNED_KINDS:
+                if knob_key(event, kind) not in self.knobs:
+                    continue
+                key, entry = self._knob(event, kind)
+                top = self._top(entry) if entry["applied"] is None else None
+                entry["applied"] = top or entry["applied"]
+                self._store(key, entry)
+                owner = self.registry.get(top) if top is not None else None
+                if owner is None:
+                    continue
+                action = _ACTION.validate_python(entry["claims"][top]["action"])
+                command = sign(ActuationCommand(
+                    actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
+                                              event.identity.worker_id, "resume", kind,
+                                              event.event_time_ms),
+                    event_time_ms=event.event_time_ms,
+                    target=event.identity,
+                    expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
+                    policy_name=owner.name,
+                    policy_version=owner.version,
+                    action=action,
+                    reason=f"{owner.name} v{owner.version} resumes {kind}: the claim above "
+                           "it expired or its policy was removed",
+                ), self._signing_key)
+                out.commands.append(command)
+                out.decisions.append(PolicyDecision(
+                    event_time_ms=event.event_time_ms, policy_name=owner.name,
+                    policy_version=owner.version, identity=event.identity,
+                    decision=DecisionKind.FIRED, actuation_id=command.actuation_id,
+                    detail=f"resumes {kind}: the claim above it lapsed",
+                ))
 
     def _tune(
         self, spec: PolicySpec, kind: DecisionKind, audit: Callable[..., None], detail: str,

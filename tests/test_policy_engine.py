@@ -226,6 +226,36 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
     assert [c.policy_name for c in after.commands] == ["low"]
 
 
+def test_a_deferred_claim_takes_effect_when_the_claim_above_lapses() -> None:
+    from dsec.policy_engine.engine import Engine
+    from dsec.policy_engine.registry import PolicyRegistry
+    from dsec.schemas import sign
+
+    key = b"k"
+    registry = PolicyRegistry(key)
+    nudge = sign(PolicySpec.model_validate({
+        "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
+        "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
+                                       "ttl_s": 30}}), key)
+    # held while its condition holds, undone after: it never fires twice on its own
+    low = sign(PolicySpec.model_validate({
+        "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}],
+                    "undo": [{"kind": "sync_priority", "level": 0}]}]}), key)
+    registry.install(nudge)
+    registry.install(low)
+    engine = Engine(registry, {}, {}, key)
+    stuck = {**HEALTHY, "episode_same_end_streak": 3.0}
+    first = engine.evaluate(trace({**stuck, "worker_lost": 1.0}, 5))
+    during = engine.evaluate(trace(stuck, 20, start_ms=1_005_000))
+    assert [c.policy_name for c in first.commands] == ["nudge"] and not during.commands
+    after = engine.evaluate(trace(stuck, 20, start_ms=1_040_000))  # nudge's 30 s are over
+    (resumed,) = after.commands
+    assert resumed.policy_name == "low" and resumed.action.level == -1
+    assert "resumes sync_priority" in resumed.reason
+    assert not engine.evaluate(trace(stuck, 20, start_ms=1_060_000)).commands
+
+
 def test_a_policy_that_fails_at_run_time_is_reported_once_and_the_others_go_on() -> None:
     odd = PolicySpec.model_validate({
         "name": "odd", "condition": "size('abc') > 0 ? worker_lost : 1.0",  # not a bool
