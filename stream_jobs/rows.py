@@ -75,7 +75,7 @@ def result_rows(result: ActuationResult) -> list[Row]:
 
 DECISION_COLUMNS = [
     "event_time", "event_id", "policy_name", "policy_version", "job_id", "node_id",
-    "worker_id", "decision", "actuation_id", "detail",
+    "worker_id", "decision", "stage", "actuation_id", "detail",
 ]
 
 
@@ -85,7 +85,7 @@ def decision_rows(decision: PolicyDecision) -> list[Row]:
         ms_to_datetime(decision.event_time_ms), decision.event_id, decision.policy_name,
         decision.policy_version, identity.job_id if identity else "",
         identity.node_id if identity else "", identity.worker_id if identity else "",
-        decision.decision.value, decision.actuation_id or "", decision.detail,
+        decision.decision.value, decision.stage or 0, decision.actuation_id or "", decision.detail,
     ]]
 
 

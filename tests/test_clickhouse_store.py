@@ -89,3 +89,18 @@ def test_feature_rows_are_long_format(client) -> None:
     client.insert("features", rows.feature_rows(event), column_names=rows.FEATURE_COLUMNS)
     result = client.query("SELECT feature, value FROM features ORDER BY feature").result_rows
     assert result == [("reward_mean", 1.5), ("reward_variance", 0.25)]
+
+
+def test_decisions_keep_their_stage_and_older_stores_gain_the_column(client) -> None:
+    from dsec.schemas import PolicyDecision
+    from dsec.schemas.policies import DecisionKind
+
+    ensure_schema(client)
+    client.command("ALTER TABLE policy_decisions DROP COLUMN stage")  # a store made before
+    ensure_schema(client)
+    decision = PolicyDecision(policy_name="bandwidth-latency-breaker", policy_version=1,
+                              identity=IDENTITY, decision=DecisionKind.STAGED_UP, stage=2)
+    client.insert("policy_decisions", rows.decision_rows(decision),
+                  column_names=rows.DECISION_COLUMNS)
+    assert client.query("SELECT decision, stage FROM policy_decisions").result_rows == [
+        ("staged_up", 2)]

@@ -71,6 +71,7 @@ CREATE TABLE IF NOT EXISTS policy_decisions
     node_id         LowCardinality(String),
     worker_id       LowCardinality(String),
     decision        LowCardinality(String),
+    stage           UInt8,
     actuation_id    String,
     detail          String
 )
@@ -79,6 +80,8 @@ PARTITION BY toDate(event_time)
 ORDER BY (policy_name, event_time)
 TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
+-- stores made before the stage had a column of its own
+ALTER TABLE policy_decisions ADD COLUMN IF NOT EXISTS stage UInt8 AFTER decision;
 
 CREATE TABLE IF NOT EXISTS dead_letters
 (
