@@ -53,6 +53,18 @@ def _finite_or_flag(value: Any) -> tuple[float | None, bool]:
     return None, True
 
 
+def nonfinite_on_host(value: Any) -> bool:
+    """True when ``value`` is a NaN/Inf that can be read without a device sync: a number,
+    or a one-element CPU tensor (a microsecond). A device tensor is not read: it is checked
+    on sampled steps only, off the training thread."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    device = getattr(value, "device", None)
+    if device is None or device.type != "cpu" or value.numel() != 1:
+        return False
+    return not math.isfinite(value.item())
+
+
 def total_grad_norm(optimizer: Any) -> Any:
     """L2 norm of every gradient the optimizer holds, as a tensor (no device sync), or None.
 
@@ -97,6 +109,7 @@ class Probe:
         self._last_loss: Any = None
         self._last_grad_norm: Any = None
         self._grad_norm_from_trainer = False
+        self._force_sample = False  # a non-finite loss seen on a step not due for a sample
         self._last_sample_s: float | None = None
         self._last_sample_step = 0
         self._step_every = self.config.step_sample_every_n_steps
@@ -138,12 +151,18 @@ class Probe:
         self.run_step_callbacks()
 
     def _sampled(self, step: int) -> bool:
-        return step % self._step_every == 0 or step % self._grad_norm_every == 0
+        return (self._force_sample or step % self._step_every == 0
+                or step % self._grad_norm_every == 0)
 
     def note_loss(self, loss: Any) -> None:
-        """Keeps the loss for this step's sample; a tensor is read off the training thread."""
-        if self._sampled(self._global_step):
-            self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+        """Keeps the loss for this step's sample; a tensor is read off the training thread.
+        On a step not due for a sample, a host-side loss is still checked: a NaN/Inf makes
+        the step sampled (gradient norm included), so a NaN burst is never missed on CPU."""
+        if not self._sampled(self._global_step):
+            if not nonfinite_on_host(loss):
+                return
+            self._force_sample = True
+        self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
 
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
@@ -178,6 +197,7 @@ class Probe:
         self._last_loss = None
         self._last_grad_norm = None
         self._grad_norm_from_trainer = False
+        self._force_sample = False
         source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
         self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
         self.run_step_callbacks()
@@ -224,7 +244,8 @@ class Probe:
         every_n = self.config.grad_norm_every_n_steps
 
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
-            if self._global_step % every_n or self._grad_norm_from_trainer:
+            if ((self._global_step % every_n and not self._force_sample)
+                    or self._grad_norm_from_trainer):
                 return  # not this step's turn, or the trainer gave its norm
             try:
                 self._last_grad_norm = total_grad_norm(opt)

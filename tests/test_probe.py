@@ -116,3 +116,25 @@ def test_step_callbacks_run_on_the_caller_thread_and_never_raise() -> None:
     probe.record_step()
     probe.record_episode(1.0, 1)
     assert seen == [threading.get_ident()] * 2
+
+
+def test_a_nonfinite_loss_between_samples_is_still_reported() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    probe.watch(optimizer)
+    for step in range(12):
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        # a loss that overflowed once, its gradients finite
+        probe.note_loss(loss * float("nan") if step == 3 else loss)
+        optimizer.step()
+    probe._flush_once()
+    steps = {s.step: s for s in transport.samples("step")}
+    assert sorted(steps) == [0, 3, 10]  # step 3 was not due: its NaN made it a sample
+    assert steps[3].loss_nonfinite and steps[3].grad_norm is not None
+    assert not steps[10].loss_nonfinite and steps[10].loss is not None
+    probe.shutdown()
