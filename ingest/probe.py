@@ -59,8 +59,7 @@ def nonfinite_on_host(value: Any) -> bool:
     on sampled steps only, off the training thread."""
     if isinstance(value, float):
         return not math.isfinite(value)
-    device = getattr(value, "device", None)
-    if device is None or device.type != "cpu" or value.numel() != 1:
+    if not getattr(value, "is_cpu", False) or value.numel() != 1:  # ``.device``: 10x slower
         return False
     return not math.isfinite(value.item())
 
