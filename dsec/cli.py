@@ -91,7 +91,8 @@ def init(
     settings = _settings(bootstrap=bootstrap)
 
     def make_topics() -> str:
-        created = ensure_topics(settings, partitions, replication_factor)
+        created = ensure_topics(settings, partitions, replication_factor,
+                                timeout_s=max(5.0, min(30.0, wait_s)))
         return (f"topics on {settings.bootstrap}: "
                 f"{'created ' + ', '.join(created) if created else 'all there'}")
 
