@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: setup tools demo test lint up clean
 
-setup: $(VENV)/.installed $(VENV)/.kafka-jars tools
+setup: $(VENV)/.installed $(VENV)/.kafka-jars
 
 # Helm and Docker Compose for the deployment tests, built from their Go modules into
 # ~/.cache/dsec/tools (a few minutes the first time, instant afterwards).
@@ -32,7 +32,7 @@ up: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup
+test: setup tools
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
