@@ -186,7 +186,7 @@ def _render(helm: str, values: Path | None = None, *extra: str) -> list[dict]:
 
 def _workloads(objects: list[dict]) -> dict[str, dict]:
     return {obj["metadata"]["labels"]["app.kubernetes.io/component"]: obj for obj in objects
-            if obj["kind"] in ("Deployment", "DaemonSet", "Job")}
+            if obj["kind"] in ("Deployment", "DaemonSet")}
 
 
 def _env(container: dict) -> dict[str, dict]:
@@ -211,7 +211,7 @@ def test_chart_renders_and_every_object_validates(helm: str, values: Path | None
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{obj['kind']} {obj['metadata']['name']} (Kubernetes {version}): "
                             f"{exc.message} at {'.'.join(map(str, exc.path))}")
-    assert set(_workloads(objects)) == DSEC_WORKLOADS | {"init"}
+    assert set(_workloads(objects)) == DSEC_WORKLOADS
 
 
 def test_the_schema_check_catches_a_broken_object(helm: str) -> None:
@@ -227,35 +227,36 @@ def test_chart_workloads_are_unprivileged_probed_sized_and_scraped(helm: str) ->
     workloads = _workloads(objects)
     assert {name: obj["kind"] for name, obj in workloads.items()} == {
         "stream-jobs": "Deployment", "policy-engine": "Deployment", "sink": "Deployment",
-        "ingest-gateway": "Deployment", "actuator": "DaemonSet", "init": "Job"}
+        "ingest-gateway": "Deployment", "actuator": "DaemonSet"}
     assert workloads["stream-jobs"]["spec"]["replicas"] == 4
     for name, obj in workloads.items():
         pod = obj["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] >= 1000
-        for container in pod["containers"]:
+        for container in pod["containers"] + pod.get("initContainers", []):
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert container["resources"]["requests"]["memory"]
             assert container["resources"]["limits"]["memory"]
+        dsec_init = [c for c in pod.get("initContainers", []) if c["name"] == "init"]
+        for container in pod["containers"] + dsec_init:
             args = [re.sub(r"\$\((\w+)\)", "kafka:9092", arg) for arg in container["args"]]
             _parse_dsec_command(args)
             assert _env(container)["DSEC_METRICS_HOST"]["value"] == "0.0.0.0"
             assert _env(container)["DSEC_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]
-            if name == "init":
-                continue
+        if name in ("stream-jobs", "policy-engine", "sink"):
+            assert [c["args"][:1] + c["args"][3:7] for c in dsec_init] == [
+                ["init", "--partitions", "6", "--replication-factor", "1"]]
+        for container in pod["containers"]:
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
             assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in \
                 container["ports"]
-        if name != "init":
-            annotations = obj["spec"]["template"]["metadata"]["annotations"]
-            assert annotations["prometheus.io/scrape"] == "true"
-            assert annotations["prometheus.io/port"] == "9464"
+        annotations = obj["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == "9464"
     init_containers = workloads["actuator"]["spec"]["template"]["spec"]["initContainers"]
     assert [c["securityContext"]["capabilities"]["add"] for c in init_containers] == [
         ["CHOWN", "FOWNER"]]
-    hooks = workloads["init"]["metadata"]["annotations"]["helm.sh/hook"]
-    assert hooks == "post-install,pre-upgrade"
     gateway_service = next(o for o in objects if o["kind"] == "Service"
                            and o["metadata"]["name"] == "dsec-ingest-gateway")
     assert gateway_service["spec"]["ports"][0]["targetPort"] == "http"
@@ -289,6 +290,9 @@ def test_chart_wires_sasl_ssl_from_its_own_secrets(helm: str) -> None:
         "name": "dsec", "key": "kafka-sasl-password"}
     assert env["DSEC_KAFKA_SSL_CA_LOCATION"]["value"] == "/etc/dsec/kafka-tls/ca.crt"
     assert env["DSEC_JOB_ID"]["value"] == "rl-run-7"
+    init = stream_jobs["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["args"][3:7] == ["--partitions", "12", "--replication-factor", "3"]
+    assert _env(init)["DSEC_KAFKA_SASL_PASSWORD"] == env["DSEC_KAFKA_SASL_PASSWORD"]
     assert {"name": "kafka-tls", "mountPath": "/etc/dsec/kafka-tls", "readOnly": True} in \
         container["volumeMounts"]
     policy_env = _env(_workloads(objects)["policy-engine"]["spec"]["template"]["spec"]

@@ -203,6 +203,10 @@ spec:
       securityContext:
         {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
       terminationGracePeriodSeconds: 60
+      {{- if and .runsInit $root.Values.init.enabled }}
+      initContainers:
+        {{- include "dsec.initContainer" $root | nindent 8 }}
+      {{- end }}
       containers:
         - name: {{ .component }}
           image: {{ include "dsec.image" $root | quote }}
@@ -258,4 +262,30 @@ spec:
     {{- include "dsec.selectorLabels" . | nindent 4 }}
   ports:
     - {name: metrics, port: {{ .root.Values.metrics.port }}, targetPort: metrics, protocol: TCP}
+{{- end -}}
+
+{{/* `dsec init` before a stack service starts: whichever pod comes first makes the topics
+with the chosen partitions and replication factor, and the tables. */}}
+{{- define "dsec.initContainer" -}}
+- name: init
+  image: {{ include "dsec.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - init
+    - --bootstrap
+    - $(DSEC_BOOTSTRAP)
+    - --partitions
+    - {{ .Values.kafka.partitions | quote }}
+    - --replication-factor
+    - {{ .Values.kafka.replicationFactor | quote }}
+    - --wait-s
+    - {{ .Values.init.waitSeconds | quote }}
+  env:
+    {{- include "dsec.env" . | nindent 4 }}
+  resources:
+    {{- toYaml .Values.init.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "dsec.volumeMounts" . | nindent 4 }}
 {{- end -}}
