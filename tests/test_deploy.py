@@ -39,6 +39,8 @@ COMPOSE_SECRETS = {"DSEC_SIGNING_KEY": "compose-test-key", "DSEC_GATEWAY_TOKEN":
 DSEC_COMPOSE_SERVICES = {"init", "stream-jobs", "policy-engine", "sink", "ingest-gateway",
                          "actuator"}
 DSEC_WORKLOADS = {"stream-jobs", "policy-engine", "sink", "ingest-gateway", "actuator"}
+# Room for building Helm or Compose inside a fixture when `make tools` did not run first.
+pytestmark = pytest.mark.timeout(1800)
 
 # The Prometheus metrics every dsec service exports (names without the histogram suffixes).
 METRIC_CATALOGUE = {
