@@ -168,6 +168,64 @@ def test_compose_file_validates(docker_compose: str) -> None:
         ["--services", "stream-jobs"], ["--services", "policy-engine"], ["--services", "sink"]]
 
 
+def _kafka_image_properties(environment: dict[str, str]) -> dict[str, str]:
+    """The broker settings the apache/kafka image makes of KAFKA_* variables (KAFKA_FOO_BAR
+    is foo.bar; ``__`` stands for ``_`` and ``___`` for ``-``)."""
+    not_settings = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS",
+                    "KAFKA_LOG4J_OPTS", "KAFKA_JMX_OPTS"}
+    return {
+        name[len("KAFKA_"):].lower().replace("___", "-").replace("__", "\0")
+        .replace("_", ".").replace("\0", "_"): str(value)
+        for name, value in environment.items()
+        if name.startswith("KAFKA_") and name not in not_settings
+    }
+
+
+@pytest.mark.integration
+def test_compose_broker_settings_start_kafka(docker_compose: str, tmp_path: Path) -> None:
+    """The compose file's KRaft settings, moved onto loopback ports, run Kafka 4.1.1 (the
+    image's version, from the same jars as the tests' broker), and dsec init works on it."""
+    import base64
+
+    from dsec.infra.kafka_local import LocalKafka, free_port
+
+    result = _compose(docker_compose, "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    kafka = json.loads(result.stdout)["services"]["kafka"]
+    assert len(base64.urlsafe_b64decode(kafka["environment"]["CLUSTER_ID"] + "==")) == 16
+    settings = _kafka_image_properties(kafka["environment"])
+    host_port = free_port()
+
+    class ComposeBroker(LocalKafka):
+        def _write_config(self) -> Path:
+            moved = {"kafka:9092": f"127.0.0.1:{self.port}", ":9092": f"127.0.0.1:{self.port}",
+                     "kafka:9093": f"127.0.0.1:{self.controller_port}",
+                     ":9093": f"127.0.0.1:{self.controller_port}",
+                     "localhost:29092": f"127.0.0.1:{host_port}",
+                     ":29092": f"127.0.0.1:{host_port}"}
+            properties = dict(settings, **{"log.dirs": str(self.data_dir / "log")})
+            for key in ("listeners", "advertised.listeners", "controller.quorum.voters"):
+                properties[key] = re.sub(r"(kafka|localhost)?:(9092|9093|29092)\b",
+                                         lambda m: moved[m[0]], properties[key])
+            path = self.data_dir / "server.properties"
+            path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+            return path
+
+    broker = ComposeBroker(data_dir=tmp_path / "kafka")
+    broker.start()
+    try:
+        env = {"DSEC_TOPIC_PREFIX": "compose", "DSEC_DATA_DIR": str(tmp_path / "dsec"),
+               "DSEC_CLICKHOUSE_DSN": ""}
+        for bootstrap in (broker.bootstrap, f"127.0.0.1:{host_port}"):
+            init = CliRunner().invoke(app, ["init", "--bootstrap", bootstrap, "--partitions",
+                                            "2", "--wait-s", "30"], env=env)
+            assert init.exit_code == 0, init.output
+    finally:
+        broker.stop()
+    assert settings["process.roles"] == "broker,controller"
+    assert settings["auto.create.topics.enable"] == "false"
+
+
 def test_compose_refuses_to_start_without_its_secrets(docker_compose: str) -> None:
     result = _compose(docker_compose, "config", "--quiet",
                       env={k: v for k, v in COMPOSE_SECRETS.items() if k != "DSEC_SIGNING_KEY"})
