@@ -3,9 +3,15 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench lint up clean
+.PHONY: setup tools demo test bench lint up clean
 
 setup: $(VENV)/.installed $(VENV)/.kafka-jars
+
+# Helm and Docker Compose for the deployment tests, built from their Go modules into
+# ~/.cache/dsec/tools (a few minutes the first time, instant afterwards).
+tools:
+	bash infra/tools/helm.sh > /dev/null
+	bash infra/tools/docker-compose.sh > /dev/null
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +40,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup
+test: setup tools
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -70,6 +70,62 @@ def up(
 
 
 @app.command()
+def init(
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers.")] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(min=1, help="Partitions of new non-compacted topics (bounds stream-job "
+                                 "replicas); default each topic's own."),
+    ] = None,
+    replication_factor: Annotated[int, typer.Option(min=1, help="Of new topics.")] = 1,
+    wait_s: Annotated[
+        float, typer.Option(min=0.0, help="Keep retrying while Kafka or ClickHouse is away.")
+    ] = 120.0,
+) -> None:
+    """Create dsec's topics and ClickHouse tables if missing, then exit (safe to rerun)."""
+    import time
+
+    from dsec.infra.clickhouse import connect, ensure_schema
+    from dsec.infra.topics import ensure_topics
+
+    settings = _settings(bootstrap=bootstrap)
+
+    def make_topics() -> str:
+        created = ensure_topics(settings, partitions, replication_factor,
+                                timeout_s=max(5.0, min(30.0, wait_s)))
+        return (f"topics on {settings.bootstrap}: "
+                f"{'created ' + ', '.join(created) if created else 'all there'}")
+
+    def make_tables() -> str:
+        client = connect(settings.clickhouse_target())
+        try:
+            ensure_schema(client, settings.clickhouse_ttl_days)
+        finally:
+            client.close()
+        return f"tables in {_redacted(settings.clickhouse_target())}: ready"
+
+    deadline = time.monotonic() + wait_s
+    for name, step in (("topics", make_topics), ("tables", make_tables)):
+        while True:
+            try:
+                console.print(step())
+                break
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    err_console.print(f"[red]init failed ({name}):[/red] {exc}")
+                    raise typer.Exit(1) from None
+                err_console.print(f"{name}: {exc}; retrying")
+                time.sleep(2.0)
+
+
+def _redacted(dsn: str) -> str:
+    """The DSN without its password, for logs."""
+    import re
+
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", dsn)
+
+
+@app.command()
 def demo(
     workers: Annotated[int, typer.Option(min=1, max=64)] = 4,
     duration_s: Annotated[float, typer.Option(min=5.0)] = 60.0,
