@@ -126,6 +126,27 @@ def _redacted(dsn: str) -> str:
 
 
 @app.command()
+def health(
+    url: Annotated[str | None, typer.Option(
+        help="A /healthz URL (default: http://127.0.0.1:$DSEC_METRICS_PORT/healthz).")] = None,
+    timeout_s: Annotated[float, typer.Option(min=0.1)] = 5.0,
+) -> None:
+    """Ask a dsec service whether it is healthy: exit 0 when it is, 1 otherwise."""
+    from dsec.observability.server import check_health
+
+    if url is None:
+        settings = _settings()
+        if settings.metrics_port == 0:
+            err_console.print("metrics are off (DSEC_METRICS_PORT=0): give --url")
+            raise typer.Exit(1)
+        url = settings.health_url()
+    healthy, answer = check_health(url, timeout_s)
+    print(answer)
+    if not healthy:
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     workers: Annotated[int, typer.Option(min=1, max=64)] = 4,
     duration_s: Annotated[float, typer.Option(min=5.0)] = 60.0,

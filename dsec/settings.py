@@ -36,6 +36,10 @@ class DsecSettings(BaseSettings):
     # Built-in policy parameter overrides, e.g. {"bandwidth-latency-breaker":
     # {"latency_cap_ms": 70}} (DSEC_POLICY_PARAMS as JSON).
     policy_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Each service process serves /metrics and /healthz here (0: not served). `dsec up`
+    # running the sink in a child process gives the child metrics_port + 1.
+    metrics_port: int = Field(default=9464, ge=0, le=65534)
+    metrics_host: str = "127.0.0.1"
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
@@ -50,6 +54,11 @@ class DsecSettings(BaseSettings):
         if self.clickhouse_dsn:
             return self.clickhouse_dsn
         return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    def health_url(self) -> str:
+        """Where this configuration's service answers ``/healthz`` (loopback for 0.0.0.0)."""
+        host = "127.0.0.1" if self.metrics_host in ("", "0.0.0.0", "::") else self.metrics_host
+        return f"http://{host}:{self.metrics_port}/healthz"
 
     def run_directory(self) -> Path:
         if self.run_dir is not None:
