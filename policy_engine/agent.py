@@ -9,6 +9,7 @@ twice; command ids derive from their cause, so a replayed event repeats the same
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
@@ -17,7 +18,20 @@ import faust
 import orjson
 from faust.streams import _current_event  # the changelog partition comes from it
 
-from dsec.policy_engine.engine import Engine
+from dsec.observability.metrics import (
+    ACTUATIONS,
+    BREAKER_TRIPS,
+    EVENTS_DEAD_LETTERED,
+    EVENTS_IN,
+    EVENTS_OUT,
+    MELT_DOWN_COUNT,
+    POLICY_EVALUATION_LATENCY,
+    ProcessMetrics,
+    RecentEvents,
+    dead_letter_reason,
+    is_breaker_trip,
+)
+from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, decode, encode
 from dsec.schemas.topics import TopicNames
@@ -27,6 +41,7 @@ log = logging.getLogger(__name__)
 
 
 TABLES = ("policy-state", "policy-knobs")
+SERVICE = "policy-engine"
 
 
 @dataclass
@@ -44,6 +59,38 @@ class EngineCounters:
 class EngineOptions:
     batch_max_events: int = 2000
     batch_within_s: float = 0.05
+
+
+class _EngineInstruments:
+    """The engine's Prometheus instruments, bound to their labels once; updated per batch."""
+
+    def __init__(self, metrics: ProcessMetrics, topics: TopicNames) -> None:
+        events_in, events_out = metrics.counter(EVENTS_IN), metrics.counter(EVENTS_OUT)
+        self.features_in = events_in.labels(SERVICE, topics.features)
+        self.policies_in = events_in.labels(SERVICE, topics.policies)
+        self.actuations_out = events_out.labels(SERVICE, topics.actuations)
+        self.decisions_out = events_out.labels(SERVICE, topics.decisions)
+        self.policies_out = events_out.labels(SERVICE, topics.policies)
+        self.dead_letters_out = events_out.labels(SERVICE, topics.dead_letters)
+        self.dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED)
+        self.actuations = metrics.counter(ACTUATIONS)
+        self.evaluation_latency = metrics.histogram(POLICY_EVALUATION_LATENCY)
+        self.breaker_trips = metrics.counter(BREAKER_TRIPS)
+        self.recent_trips = RecentEvents(window_s=3600.0)
+        metrics.gauge_function(MELT_DOWN_COUNT, self.recent_trips.count)
+
+    def evaluated(self, output: EngineOutput, elapsed_s: float) -> None:
+        self.evaluation_latency.observe(elapsed_s)
+        kinds: dict[str, int] = {}
+        for command in output.commands:
+            kinds[command.action.kind.value] = kinds.get(command.action.kind.value, 0) + 1
+        for kind, count in kinds.items():
+            self.actuations.labels(SERVICE, kind, "emitted").inc(count)
+        trips = sum(1 for record in output.decisions
+                    if is_breaker_trip(record.policy_name, record.decision))
+        if trips:
+            self.breaker_trips.inc(trips)
+            self.recent_trips.add(trips)
 
 
 class _ChangelogTable(faust.Table):
@@ -116,11 +163,13 @@ def register_policy_engine(
     options: EngineOptions | None = None,
     startup_decisions: list[PolicyDecision] | None = None,
     policies_from_offset: int = 0,
+    metrics: ProcessMetrics | None = None,
 ) -> EngineCounters:
     """``registry`` holds the built-in pack and the policies topic read up to
     ``policies_from_offset``; the agent takes the topic on from there."""
     options = options or EngineOptions()
     counters = EngineCounters()
+    instruments = _EngineInstruments(metrics or ProcessMetrics(), topics)
     features = app.topic(topics.features, value_type=bytes, key_type=bytes)
     policies = app.topic(topics.policies, value_type=bytes, key_type=bytes)
     actuations = app.topic(topics.actuations, value_type=bytes, key_type=bytes)
@@ -136,6 +185,7 @@ def register_policy_engine(
     async def audit(record: PolicyDecision) -> None:
         await send_durably(decisions, record.policy_name.encode(), encode(record))
         counters.decisions += 1
+        instruments.decisions_out.inc()
 
     @app.task
     async def audit_startup() -> None:
@@ -145,6 +195,7 @@ def register_policy_engine(
     @app.agent(policies, name="policy-loader")
     async def policy_loader(stream: faust.StreamT) -> None:
         async for event in stream.events():
+            instruments.policies_in.inc()
             if event.message.offset < policies_from_offset:
                 continue  # already read at startup
             record = registry.offer(event.key, event.value)
@@ -169,19 +220,26 @@ def register_policy_engine(
                     letter = dead_letter_for(event, exc.reason)
                     await send_durably(dead_letters, event.message.topic.encode(),
                                        encode(letter))
+                    instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()
+                    instruments.dead_letters_out.inc()
                     continue
                 target = f"{feature.identity.job_id}|{feature.identity.worker_id}"
                 states.events[target] = knobs.events[target] = event
                 good.append(feature)
             counters.features_in += len(good)
             counters.batches += 1
+            instruments.features_in.inc(len(batch))
+            started_s = time.perf_counter()
             output = engine.evaluate(good)
+            instruments.evaluated(output, time.perf_counter() - started_s)
             for command in output.commands:
                 await send_durably(actuations, command.target.node_id.encode(), encode(command))
                 counters.actuations_out += 1
+            instruments.actuations_out.inc(len(output.commands))
             for successor in output.policies:
                 await send_durably(policies, successor.name.encode(), encode(successor))
                 counters.policies_published += 1
+            instruments.policies_out.inc(len(output.policies))
             for record in output.decisions:
                 await audit(record)
 

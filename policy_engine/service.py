@@ -8,6 +8,7 @@ import contextlib
 import faust
 
 from dsec.infra.topics import ensure_changelog_topics
+from dsec.observability.metrics import ProcessMetrics
 from dsec.policy_engine.agent import (
     TABLES,
     EngineCounters,
@@ -40,13 +41,15 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
 
 
 def register(
-    app: faust.App, settings: DsecSettings, options: EngineOptions | None = None
+    app: faust.App, settings: DsecSettings, options: EngineOptions | None = None,
+    metrics: ProcessMetrics | None = None,
 ) -> EngineCounters:
     ensure_changelog_topics(settings, app.conf.id, list(TABLES), app.conf.topic_partitions)
     registry, decisions, next_offset = build_registry(settings)
     return register_policy_engine(
         app, topic_names(settings.topic_prefix), registry, settings.signing_key_bytes(),
         options=options, startup_decisions=decisions, policies_from_offset=next_offset,
+        metrics=metrics,
     )
 
 
@@ -55,7 +58,8 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     from confluent_kafka.admin import AdminClient
 
     from dsec.infra.topics import ensure_topics
-    from dsec.stream_jobs.faust_app import make_faust_app
+    from dsec.observability.server import serve_metrics
+    from dsec.stream_jobs.faust_app import make_faust_app, watch_faust_app
 
     settings.data_dir.resolve().mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)
@@ -63,7 +67,16 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     features = topic_names(settings.topic_prefix).features
     partitions = len(admin.list_topics(features, timeout=30).topics[features].partitions)
     app = make_faust_app(f"{settings.topic_prefix}-policy-engine", settings, partitions)
-    register(app, settings, options)
+    metrics = ProcessMetrics()
+    register(app, settings, options, metrics=metrics)
+    topics = topic_names(settings.topic_prefix)
+    watch_faust_app(app, metrics, {topics.features: "policy-engine",
+                                   topics.policies: "policy-engine"})
+    server = serve_metrics(settings, metrics)
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
-    with contextlib.suppress(SystemExit):
-        worker.execute_from_commandline()
+    try:
+        with contextlib.suppress(SystemExit):
+            worker.execute_from_commandline()
+    finally:
+        if server is not None:
+            server.stop()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
+from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
 from dsec.settings import DsecSettings
 
 
@@ -85,3 +88,62 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
         producer_max_request_size=8 << 20,
         producer_compression_type="lz4",
     )
+
+
+def watch_faust_app(
+    app: faust.App,
+    metrics: ProcessMetrics,
+    services_by_topic: Mapping[str, str],
+    lag_interval_s: float = 5.0,
+    silent_after_s: float = 30.0,
+) -> None:
+    """The worker's health (started, not crashed, its event loop turning) as a check of
+    ``metrics``, and the consumer lag of the source topics named in ``services_by_topic``
+    (topic -> the service that reads it), refreshed every ``lag_interval_s``."""
+    lag = metrics.gauge(CONSUMER_LAG)
+    ticks: dict[str, float] = {}
+    reported: set[tuple[str, str, str]] = set()
+
+    def refresh_lag() -> None:
+        consumer = app.consumer
+        committed = getattr(consumer, "_committed_offset", {})
+        current: dict[tuple[str, str, str], int] = {}
+        for tp in consumer.assignment():
+            service = services_by_topic.get(tp.topic)
+            if service is None:
+                continue
+            end = consumer.highwater(tp)
+            if end is None:
+                continue
+            done = committed.get(tp)
+            current[(service, tp.topic, str(tp.partition))] = max(end - (done or 0), 0)
+        for labels in reported - current.keys():
+            lag.remove(*labels)  # a partition this worker no longer holds
+        for labels, value in current.items():
+            lag.labels(*labels).set(value)
+        reported.clear()
+        reported.update(current)
+
+    @app.timer(interval=1.0, name=f"{app.conf.id}-metrics-tick")
+    async def metrics_tick() -> None:
+        now = time.monotonic()
+        ticks["last"] = now
+        if now - ticks.get("lag", 0.0) >= lag_interval_s:
+            ticks["lag"] = now
+            try:
+                refresh_lag()
+            except Exception:  # telemetry must not stop the worker
+                logging.getLogger(__name__).exception("consumer lag not measured")
+
+    def healthy() -> str | None:
+        if app.crashed:
+            return f"the Faust worker crashed: {app.crash_reason!r}"
+        last = ticks.get("last")
+        if last is None:
+            return "the Faust worker has not started yet"
+        silent_s = time.monotonic() - last
+        if silent_s > silent_after_s:
+            return f"the Faust event loop has been silent for {silent_s:.0f} s"
+        return None
+
+    metrics.add_health_check("faust-worker", healthy)

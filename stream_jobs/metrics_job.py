@@ -17,7 +17,23 @@ import time
 from dataclasses import dataclass
 
 import faust
+import numpy as np
 
+from dsec.observability.metrics import (
+    EVENTS_DEAD_LETTERED,
+    EVENTS_IN,
+    EVENTS_OUT,
+    FEATURE_UPDATE_LATENCY,
+    GRADIENT_SYNC_SUCCESS_RATE,
+    PROBE_SAMPLES_DROPPED,
+    SANDBOX_UTILIZATION_RATE,
+    SNAPSHOT_RECOVERY_TIME,
+    WORKERS_LOST,
+    LatestValues,
+    ProcessMetrics,
+    dead_letter_reason,
+    mean_or_nan,
+)
 from dsec.schemas import (
     DeadLetter,
     DecodeError,
@@ -47,6 +63,57 @@ class JobCounters:
 
 
 METRICS_JOB_TABLES = ("worker-state",)
+SERVICE = "stream-jobs"
+
+
+class _JobInstruments:
+    """The metrics job's Prometheus instruments, bound to their labels once; updated once
+    per batch of messages, from what the batch saw, never per sample."""
+
+    def __init__(self, metrics: ProcessMetrics, topics: TopicNames,
+                 utilisation_ttl_s: float = 60.0) -> None:
+        events_in, events_out = metrics.counter(EVENTS_IN), metrics.counter(EVENTS_OUT)
+        self.messages_in = events_in.labels(SERVICE, topics.metrics)
+        self.features_out = events_out.labels(SERVICE, topics.features)
+        self.gpu_profiles_out = events_out.labels(SERVICE, topics.gpu_profiles)
+        self.dead_letters_out = events_out.labels(SERVICE, topics.dead_letters)
+        self.dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED)
+        self.batch_latency = metrics.histogram(FEATURE_UPDATE_LATENCY)
+        self.recovery_time = metrics.histogram(SNAPSHOT_RECOVERY_TIME)
+        self.sync_success = metrics.latest(GRADIENT_SYNC_SUCCESS_RATE)
+        self.samples_dropped = metrics.latest(PROBE_SAMPLES_DROPPED)
+        self.workers_lost = metrics.gauge(WORKERS_LOST)
+        # Per worker, latest device utilisation (ratio); the gauge is their mean.
+        self.utilisation = LatestValues(SANDBOX_UTILIZATION_RATE, utilisation_ttl_s)
+        metrics.gauge_function(SANDBOX_UTILIZATION_RATE,
+                               lambda: mean_or_nan(self.utilisation.values().values()))
+
+    def batch_done(self, started_s: float, messages: int,
+                   derived: dict[str, list[dict[str, float]]],
+                   recoveries: list[np.ndarray]) -> None:
+        """``derived``: per worker, the features of each of its messages in the batch."""
+        self.messages_in.inc(messages)
+        self.batch_latency.observe(time.perf_counter() - started_s)
+        sync, dropped, utilisation = [], [], []
+        for worker, in_order in derived.items():
+            latest: dict[str, float] = {}
+            for features in in_order:
+                latest.update(features)
+            if (value := latest.get("grad_sync_success_rate")) is not None:
+                sync.append(((worker,), value))
+            if (value := latest.get("probe_samples_dropped")) is not None:
+                dropped.append(((worker,), value))
+            if (value := latest.get("gpu_utilisation_pct")) is not None:
+                utilisation.append(((worker,), value / 100.0))
+        if sync:
+            self.sync_success.set_many(sync)
+        if dropped:
+            self.samples_dropped.set_many(dropped)
+        if utilisation:
+            self.utilisation.set_many(utilisation)
+        for times in recoveries:
+            for value in times:
+                self.recovery_time.observe(float(value))
 
 
 def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
@@ -68,9 +135,11 @@ def register_metrics_job(
     config: FeatureConfig | None = None,
     batch_max_messages: int = 500,
     batch_within_s: float = 0.05,
+    metrics: ProcessMetrics | None = None,
 ) -> JobCounters:
     config = config or FeatureConfig()
     counters = JobCounters()
+    instruments = _JobInstruments(metrics or ProcessMetrics(), topics)
     metrics = app.topic(topics.metrics, value_type=bytes, key_type=bytes)
     features = app.topic(topics.features, value_type=bytes, key_type=bytes)
     gpu_profiles = app.topic(topics.gpu_profiles, value_type=bytes, key_type=bytes)
@@ -93,10 +162,14 @@ def register_metrics_job(
         ))
 
     async def process(events: list[faust.EventT]) -> None:
+        started_s = time.perf_counter()
         sends = []
+        derived: dict[str, list[dict[str, float]]] = {}
+        recoveries: list[np.ndarray] = []
         gpus: dict[tuple[str, str], tuple[WorkerIdentity, worker_features.GpuContribution,
                                           int, int]] = {}
         states: dict[str, dict] = {}
+        features_out = 0
         wall_ms = now_ms()
         for event in events:
             counters.messages_in += 1
@@ -108,6 +181,8 @@ def register_metrics_job(
                 letter = dead_letter_for(event, exc.reason)
                 sends.append(await dead_letters.send(key=message.topic.encode(),
                                                      value=encode(letter)))
+                instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()
+                instruments.dead_letters_out.inc()
                 continue
             batch, frames = decoded.header, decoded.frames
             worker = batch.identity.worker_id
@@ -119,6 +194,8 @@ def register_metrics_job(
             if result.skipped:
                 counters.replayed_skipped += 1
                 continue
+            if "recovery" in frames:
+                recoveries.append(frames["recovery"]["recovery_time_s"])
             state = dict(result.state)
             state["identity"] = batch.identity.model_dump()
             states[worker] = state
@@ -131,6 +208,8 @@ def register_metrics_job(
                     value=feature_event(batch.identity, result.features, event_id, result.tags),
                 ))
                 counters.features_out += 1
+                features_out += 1
+                derived.setdefault(worker, []).append(result.features)
             for contribution in result.gpus:
                 gpus[(contribution.gpu_uuid, worker)] = (
                     batch.identity, contribution, message.partition, message.offset)
@@ -153,6 +232,9 @@ def register_metrics_job(
             await asyncio.gather(*sends)
         for worker, state in states.items():
             worker_state[worker.encode()] = state
+        instruments.features_out.inc(features_out)
+        instruments.gpu_profiles_out.inc(len(gpus))
+        instruments.batch_done(started_s, len(events), derived, recoveries)
 
     async def changelog_metadata() -> None:
         # The table chooses changelog partitions with the producer's partitioner, which
@@ -169,10 +251,13 @@ def register_metrics_job(
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
         wall_ms = int(time.time() * 1000)
+        lost_workers = 0
         for key, state in list(worker_state.items()):
             new_state, lost = worker_features.liveness(state, wall_ms, config)
             if lost is None:
+                lost_workers += bool(state.get("lost"))
                 continue
+            lost_workers += 1
             worker = key.decode()
             identity = WorkerIdentity.model_validate(state["identity"])
             event_id = derived_event_id("lost", worker, state.get("last_heartbeat_ms"))
@@ -180,6 +265,8 @@ def register_metrics_job(
                                        value=feature_event(identity, lost, event_id)))
             worker_state[key] = new_state
             counters.features_out += 1
+            instruments.features_out.inc()
             log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
+        instruments.workers_lost.set(lost_workers)
 
     return counters
