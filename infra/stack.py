@@ -1,5 +1,10 @@
 """The local stack: Kafka (ours, unless a bootstrap is given), topics, the ClickHouse store
-and its sink, the stream jobs and the policy engine, in one process until interrupted."""
+and its sink, the stream jobs and the policy engine, in one process until interrupted.
+
+Each process serves ``/metrics`` and ``/healthz`` on ``metrics_host:metrics_port``; when
+the sink runs in a child process beside the Faust services, the child serves on
+``metrics_port + 1``. The state file names every service's endpoint
+(``metrics_endpoints``: service -> URL)."""
 
 from __future__ import annotations
 
@@ -20,10 +25,12 @@ from dsec.infra.kafka_local import LocalKafka, die_with_parent
 from dsec.infra.query_server import QueryServer
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
 from dsec.kafka_clients import BULK_FETCH, consumer_config, producer_config
+from dsec.observability.metrics import ProcessMetrics
+from dsec.observability.server import MetricsServer, serve_metrics
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
-from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app
+from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app, watch_faust_app
 from dsec.stream_jobs.metrics_job import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.sink import ClickHouseSink
 from dsec.stream_jobs.worker_features import FeatureConfig
@@ -98,7 +105,8 @@ def _start_sink_process(
     If it dies while this stack runs, this stack stops too (a supervisor restarts both)."""
     command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,
                "--services", "sink", "--data-dir", str(data_dir)]
-    env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix}
+    env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
+           "DSEC_METRICS_PORT": str(sink_metrics_port(settings))}
     # A session of its own: a terminal's Ctrl-C reaches this process, which then stops the
     # sink after the stream jobs, instead of both at once.
     process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent,
@@ -118,6 +126,20 @@ def _start_sink_process(
 
     threading.Thread(target=watch, name="dsec-sink-watch", daemon=True).start()
     return process
+
+
+def sink_metrics_port(settings: DsecSettings) -> int:
+    """The metrics port of a sink child process: the next one up (0 stays 0: off)."""
+    return settings.metrics_port + 1 if settings.metrics_port else 0
+
+
+def _record_metrics_endpoints(data_dir: Path, endpoints: dict[str, str]) -> None:
+    """Adds this process's endpoints to the state file its sink child wrote."""
+    state = read_stack_state(data_dir)
+    if state is None:
+        return
+    state["metrics_endpoints"] = {**state.get("metrics_endpoints", {}), **endpoints}
+    _write_state(data_dir, state)
 
 
 def _stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -143,6 +165,12 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     query_server: QueryServer | None = None
     state_path: Path | None = None
     stopping = threading.Event()
+    metrics = ProcessMetrics()
+    # Served first, so that /healthz answers (503) while the services start; each service
+    # adds its own check as it starts.
+    set_up = threading.Event()
+    metrics.add_health_check("stack", lambda: None if set_up.is_set() else "starting")
+    metrics_server = serve_metrics(settings, metrics)
     try:
         if options.start_kafka:
             kafka = LocalKafka(data_dir=data_dir / "kafka", port=options.kafka_port)
@@ -154,10 +182,12 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                        "topic_prefix": settings.topic_prefix,
                        "services": sorted(options.services)}
         faust_services = options.services - {"sink"}
+        endpoints = _endpoints(metrics_server, options.services)
         if "sink" in options.services and faust_services and options.sink_in_own_process:
             # The sink decodes every sample again and writes them all: on its own process it
             # runs beside the stream jobs instead of sharing their interpreter lock.
             sink_process = _start_sink_process(settings, data_dir, stopping)
+            _record_metrics_endpoints(data_dir, _endpoints(metrics_server, faust_services))
         elif "sink" in options.services:
             client = connect(settings.clickhouse_target())
             ensure_schema(client, settings.clickhouse_ttl_days)
@@ -165,7 +195,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             sink = ClickHouseSink(
                 client, client_lock,
                 consumer_config(settings, sink_group(settings), **BULK_FETCH), topics,
-                producer_config(settings, "dsec-clickhouse-sink"),
+                producer_config(settings, "dsec-clickhouse-sink"), metrics=metrics,
             )
             sink.start()
             query_server = QueryServer(client, client_lock)
@@ -173,22 +203,31 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             state.update(query_port=query_server.port, query_token=query_server.token,
                          clickhouse=settings.clickhouse_target())
         if sink_process is None:
+            state["metrics_endpoints"] = endpoints
             state_path = _write_state(data_dir, state)
         if options.services == {"sink"}:
+            set_up.set()
             _wait_for_signal()
             return
         app = make_faust_app(
             stream_group(settings, options.services), settings,
             partitions=_partition_count(settings, topics.metrics),
         )
+        services_by_topic: dict[str, str] = {}
         if "stream-jobs" in options.services:
             ensure_changelog_topics(settings, app.conf.id, list(METRICS_JOB_TABLES),
                                     app.conf.topic_partitions)
             register_metrics_job(
-                app, topics, FeatureConfig(reward_window_episodes=options.window_episodes)
+                app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
+                metrics=metrics,
             )
+            services_by_topic[topics.metrics] = "stream-jobs"
         if "policy-engine" in options.services:
-            register_policy_engine(app, settings)
+            register_policy_engine(app, settings, metrics=metrics)
+            services_by_topic.update({topics.features: "policy-engine",
+                                      topics.policies: "policy-engine"})
+        watch_faust_app(app, metrics, services_by_topic)
+        set_up.set()
         worker = QuietWorker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()
@@ -204,3 +243,9 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             sink.stop()
         if kafka is not None:
             kafka.stop()
+        if metrics_server is not None:
+            metrics_server.stop()
+
+
+def _endpoints(server: MetricsServer | None, services: frozenset[str]) -> dict[str, str]:
+    return {service: server.url for service in sorted(services)} if server else {}

@@ -34,6 +34,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_not_exception_type, stop_never, wait_exponential
 
+from dsec.observability.kafka import ConsumerLag
+from dsec.observability.metrics import EVENTS_IN, EVENTS_OUT, ProcessMetrics
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -52,6 +54,7 @@ from dsec.stream_jobs.insert_errors import InsertFailure, classify_insert_error,
 from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 log = logging.getLogger(__name__)
+SERVICE = "sink"
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,11 @@ class ClickHouseSink:
         batch_max_messages: int = 2000,
         poll_timeout_s: float = 0.1,
         remember_ids: int = 200_000,
+        metrics: ProcessMetrics | None = None,
+        stalled_after_s: float = 120.0,
     ) -> None:
+        """``stalled_after_s``: the sink reports itself unhealthy once its loop has not
+        come round for that long (a store that keeps refusing writes, say)."""
         self._client = client
         self._client_lock = client_lock
         self._consumer_config = consumer_config
@@ -193,10 +200,29 @@ class ClickHouseSink:
         self._thread: threading.Thread | None = None
         self.counters = SinkCounters()
         self.last_error: str | None = None
+        metrics = metrics or ProcessMetrics()
+        self._events_in = metrics.counter(EVENTS_IN)
+        self._rows_out = metrics.counter(EVENTS_OUT)
+        self._lag = ConsumerLag(metrics, SERVICE)
+        self._stalled_after_s = stalled_after_s
+        self._last_round_s: float | None = None
+        metrics.add_health_check("clickhouse-sink", self.health)
 
     @property
     def topics(self) -> list[str]:
         return [self._metrics_topic, *self._routes]
+
+    def health(self) -> str | None:
+        """None while the consumer loop is alive and coming round, else what is wrong."""
+        if self._thread is None or not self._thread.is_alive():
+            return "the sink's consumer loop is not running"
+        if self._last_round_s is None:
+            return "the sink's consumer loop has not started yet"
+        silent_s = time.monotonic() - self._last_round_s
+        if silent_s > self._stalled_after_s:
+            return (f"the sink's consumer loop has not come round for {silent_s:.0f} s"
+                    + (f" (last error: {self.last_error})" if self.last_error else ""))
+        return None
 
     def start(self) -> None:
         self._seed_recent_ids()
@@ -236,7 +262,7 @@ class ClickHouseSink:
     def run(self) -> None:
         """Consume, prepare, store, commit; a batch is prepared while the one before is
         being stored (the ClickHouse engine releases the interpreter lock while it writes)."""
-        consumer = Consumer(self._consumer_config)
+        consumer = Consumer({**self._consumer_config, **self._lag.client_config()})
         consumer.subscribe(self.topics, on_assign=self._on_assign)
         pending: tuple[Future[None], PreparedBatch] | None = None
 
@@ -249,6 +275,7 @@ class ClickHouseSink:
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="dsec-sink-writer") as writer:
                 while not self._stop.is_set():
+                    self._last_round_s = time.monotonic()
                     messages = consumer.consume(self._batch_max, self._poll_timeout_s)
                     prepared = self.prepare(messages) if messages else None
                     if pending is not None:
@@ -269,6 +296,7 @@ class ClickHouseSink:
         """Decodes and deduplicates a consumed batch into what each table receives."""
         raw = RawColumnsBuilder()
         batch = PreparedBatch()
+        consumed: dict[str, int] = {}
         for message in messages:
             error = message.error()
             if error is not None:
@@ -277,6 +305,7 @@ class ClickHouseSink:
                 continue
             topic, value = message.topic(), message.value()
             batch.next_offsets[(topic, message.partition())] = message.offset() + 1
+            consumed[topic] = consumed.get(topic, 0) + 1
             self.counters.messages += 1
             if topic == self._metrics_topic:
                 self._add_raw(raw, message, batch)
@@ -300,6 +329,8 @@ class ClickHouseSink:
                 StoredEvent(event_id, source, route.to_rows(event)))
             batch.token(route.table).update(event_id.encode())
         batch.arrow = raw.tables()
+        for topic, count in consumed.items():
+            self._events_in.labels(SERVICE, topic).inc(count)
         return batch
 
     def store(self, batch: PreparedBatch) -> None:
@@ -437,6 +468,7 @@ class ClickHouseSink:
 
     def _count(self, table: str, added: int) -> None:
         self.counters.rows_by_table[table] = self.counters.rows_by_table.get(table, 0) + added
+        self._rows_out.labels(SERVICE, table).inc(added)
 
     def _insert(self, table: str, insert: Callable[[], object]) -> None:
         """Retries what may go away (connection, load, schema not there yet) for ever;
