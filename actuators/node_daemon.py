@@ -42,6 +42,14 @@ from dsec.actuators.desired_state import (
 )
 from dsec.actuators.gate import CommandGate, out_of_bounds_result
 from dsec.actuators.snapshot_store import write_atomically
+from dsec.observability.kafka import ConsumerLag
+from dsec.observability.metrics import (
+    ACTUATIONS,
+    EVENTS_IN,
+    EVENTS_OUT,
+    ProcessMetrics,
+    action_label,
+)
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -60,6 +68,7 @@ log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
 
 SEND_TIMEOUT_S = 5
+SERVICE = "node-actuator"
 
 
 @dataclass(frozen=True)
@@ -103,10 +112,18 @@ class _Connection:
 
 class NodeActuator:
     def __init__(
-        self, config: NodeActuatorConfig, consumer_config: dict, publish: Publish
+        self, config: NodeActuatorConfig, consumer_config: dict, publish: Publish,
+        metrics: ProcessMetrics | None = None,
     ) -> None:
         self.config = config
-        self._consumer_config = {**consumer_config, "enable.auto.commit": False}
+        metrics = metrics or ProcessMetrics()
+        self._lag = ConsumerLag(metrics, SERVICE)
+        self._consumer_config = {**consumer_config, "enable.auto.commit": False,
+                                 **self._lag.client_config()}
+        self._commands_in = metrics.counter(EVENTS_IN).labels(SERVICE, config.actuations_topic)
+        self._results_out = metrics.counter(EVENTS_OUT).labels(SERVICE, config.results_topic)
+        self._actuations = metrics.counter(ACTUATIONS)
+        metrics.add_health_check("node-actuator", self.health)
         self._publish = publish
         self._gate = CommandGate(None, config.signing_key)
         self._book = DesiredStateBook()
@@ -156,6 +173,15 @@ class NodeActuator:
             self._server.close()
             self.socket_path.unlink(missing_ok=True)
 
+    def health(self) -> str | None:
+        """None while the consumer and the socket server are running, else what is not."""
+        if not self._threads:
+            return "the node actuator has not started"
+        stopped = [t.name for t in self._threads if not t.is_alive()]
+        if stopped:
+            return f"stopped: {', '.join(stopped)}"
+        return None
+
     def wait_ready(self, timeout_s: float) -> bool:
         return self._ready.wait(timeout_s)
 
@@ -181,6 +207,7 @@ class NodeActuator:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("dsec node actuator: %s", message.error())
                     continue
+                self._commands_in.inc()
                 try:
                     self.receive(message.value())
                 except Exception:  # one bad command must not stop the node
@@ -337,9 +364,12 @@ class NodeActuator:
 
     def _send_result(self, result: ActuationResult) -> None:
         self.results[result.status] += 1
+        self._actuations.labels(SERVICE, action_label(result.action_kind),
+                                result.status.value).inc()
         try:
             self._publish(self.config.results_topic, self.config.node_id.encode(),
                           encode(result))
+            self._results_out.inc()
         except Exception:  # a lost result is logged; the node keeps serving its workers
             log.exception("dsec node actuator: result for %s not published",
                           result.actuation_id)

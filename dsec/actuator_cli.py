@@ -23,6 +23,8 @@ def actuator_command(
 
     from dsec.actuators import NodeActuator, NodeActuatorConfig
     from dsec.kafka_clients import consumer_config, producer_config
+    from dsec.observability.metrics import ProcessMetrics
+    from dsec.observability.server import serve_metrics
     from dsec.schemas import topic_names
     from dsec.settings import DsecSettings
 
@@ -33,6 +35,8 @@ def actuator_command(
     settings = DsecSettings(**overrides)
     topics = topic_names(settings.topic_prefix)
     producer = Producer(producer_config(settings, client_id=f"dsec-node-{node}"))
+    metrics = ProcessMetrics()
+    server = serve_metrics(settings, metrics)
 
     def publish(topic: str, key: bytes, value: bytes) -> None:
         producer.produce(topic, key=key, value=value)
@@ -48,6 +52,7 @@ def actuator_command(
         ),
         consumer_config(settings, group_id=f"dsec-node-{node}"),
         publish,
+        metrics=metrics,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -61,3 +66,5 @@ def actuator_command(
     finally:
         daemon.stop()
         producer.flush(10)
+        if server is not None:
+            server.stop()

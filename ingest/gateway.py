@@ -13,15 +13,17 @@ import json
 import logging
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import BatchPublisher, PublishError
 from dsec.ingest.gateway_registry import RuntimeRegistry
+from dsec.observability.metrics import EVENTS_IN, ProcessMetrics
 from dsec.schemas import (
     MetricBatch,
     RuntimeMetricsPost,
@@ -33,6 +35,7 @@ from dsec.schemas import (
 )
 
 log = logging.getLogger(__name__)
+SERVICE = "ingest-gateway"
 
 
 class GatewayError(Exception):
@@ -68,8 +71,12 @@ class IngestGateway:
         registry: RuntimeRegistry,
         publisher: BatchPublisher,
         default_job_id: str,
+        metrics: ProcessMetrics | None = None,
     ) -> None:
+        """``metrics``: what ``/metrics`` serves and ``/healthz`` checks."""
         self._config = config
+        self.metrics = metrics or ProcessMetrics()
+        self._batches_in = self.metrics.counter(EVENTS_IN).labels(SERVICE, "http")
         self._token = config.token.get_secret_value().encode()
         self._registry = registry
         self._publisher = publisher
@@ -79,6 +86,7 @@ class IngestGateway:
     def app(self) -> Starlette:
         return Starlette(routes=[
             Route("/healthz", self._health, methods=["GET"]),
+            Route("/metrics", self._prometheus, methods=["GET"]),
             Route("/v1/runtimes", self._register, methods=["POST"]),
             Route("/v1/runtimes/{runtime_id}", self._show, methods=["GET"]),
             Route("/v1/runtimes/{runtime_id}/metrics", self._metrics, methods=["POST"]),
@@ -133,7 +141,12 @@ class IngestGateway:
     # --- routes --------------------------------------------------------------------------
 
     async def _health(self, _request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        healthy, checks = self.metrics.health()
+        return JSONResponse({"status": "ok" if healthy else "unhealthy", "checks": checks},
+                            status_code=200 if healthy else 503)
+
+    async def _prometheus(self, _request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def _register(self, request: Request) -> JSONResponse:
         async def handle(req: Request) -> JSONResponse:
@@ -146,6 +159,7 @@ class IngestGateway:
             )
             batch = MetricBatch(identity=self._identity(registration), samples=[sample])
             await self._publisher.publish(registration.runtime_id.encode(), encode(batch))
+            self._batches_in.inc()
             new = self._registry.put(registration)
             return JSONResponse(
                 {"runtime_id": registration.runtime_id, "registered": True,
@@ -175,6 +189,7 @@ class IngestGateway:
             posted: RuntimeMetricsPost = await self._body(req, RuntimeMetricsPost)
             batch = MetricBatch(identity=self._identity(registration), samples=posted.samples)
             await self._publisher.publish(registration.runtime_id.encode(), encode(batch))
+            self._batches_in.inc()
             self.samples_accepted += len(posted.samples)
             return JSONResponse(
                 {"accepted": len(posted.samples), "batch_id": batch.event_id}, status_code=202

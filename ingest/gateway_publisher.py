@@ -8,6 +8,8 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, Producer
 
+from dsec.observability.metrics import EVENTS_OUT, ProcessMetrics
+
 
 class PublishError(RuntimeError):
     """The batch did not reach Kafka; ``retry`` says whether the caller should try again."""
@@ -23,10 +25,14 @@ class BatchPublisher(Protocol):
 
 
 class KafkaBatchPublisher:
-    def __init__(self, producer_config: dict, topic: str, timeout_s: float) -> None:
+    def __init__(self, producer_config: dict, topic: str, timeout_s: float,
+                 metrics: ProcessMetrics | None = None) -> None:
         self._producer = Producer(producer_config)
         self._topic = topic
         self._timeout_s = timeout_s
+        metrics = metrics or ProcessMetrics()
+        self._published = metrics.counter(EVENTS_OUT).labels("ingest-gateway", topic)
+        metrics.add_health_check("kafka-publisher", self.health)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="dsec-gateway-kafka", daemon=True)
         self._thread.start()
@@ -58,6 +64,12 @@ class KafkaBatchPublisher:
             await asyncio.wait_for(delivered, self._timeout_s)
         except TimeoutError:
             raise PublishError(f"Kafka did not acknowledge within {self._timeout_s} s") from None
+        self._published.inc()
+
+    def health(self) -> str | None:
+        if not self._thread.is_alive():
+            return "the Kafka delivery thread is not running"
+        return None
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()

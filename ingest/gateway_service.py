@@ -13,6 +13,7 @@ from dsec.ingest.gateway_publisher import KafkaBatchPublisher
 from dsec.ingest.gateway_registry import RuntimeRegistry
 from dsec.ingest.gateway_webhooks import WebhookForwarder
 from dsec.kafka_clients import consumer_config, producer_config
+from dsec.observability.metrics import ProcessMetrics
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
 
@@ -42,12 +43,13 @@ def build_gateway(
 ) -> GatewayService:
     ensure_topics(settings)
     topics = topic_names(settings.topic_prefix)
+    metrics = ProcessMetrics()
     registry = RuntimeRegistry(settings.data_dir / "gateway" / "runtimes.json")
     publisher = KafkaBatchPublisher(
         producer_config(settings, client_id="dsec-ingest-gateway"), topics.metrics,
-        config.publish_timeout_s,
+        config.publish_timeout_s, metrics=metrics,
     )
-    gateway = IngestGateway(config, registry, publisher, settings.job_id)
+    gateway = IngestGateway(config, registry, publisher, settings.job_id, metrics=metrics)
     forwarder = None
     results_producer = None
     if webhooks:
@@ -63,7 +65,7 @@ def build_gateway(
             consumer_config(settings, group_id=f"dsec-gateway-webhooks-{settings.job_id}",
                             **{"auto.offset.reset": "latest"}),
             topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
-            publish, config.webhook_timeout_s,
+            publish, config.webhook_timeout_s, metrics=metrics,
         )
     return GatewayService(gateway, publisher, forwarder, results_producer)
 

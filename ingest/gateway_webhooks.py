@@ -19,6 +19,14 @@ from confluent_kafka import Consumer, KafkaError
 
 from dsec.actuators.gate import CommandGate
 from dsec.ingest.gateway_registry import RuntimeRegistry
+from dsec.observability.kafka import ConsumerLag
+from dsec.observability.metrics import (
+    ACTUATIONS,
+    EVENTS_IN,
+    EVENTS_OUT,
+    ProcessMetrics,
+    action_label,
+)
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
 PostJson = Callable[[str, bytes, float], tuple[int, bytes]]  # (url, body, timeout_s)
+SERVICE = "ingest-gateway"
 _ANSWERS = {"applied": ActuationStatus.APPLIED, "failed": ActuationStatus.FAILED,
             "rejected": ActuationStatus.REJECTED}
 
@@ -76,10 +85,18 @@ class WebhookForwarder:
         publish: Publish,
         timeout_s: float,
         post: PostJson = post_json,
+        metrics: ProcessMetrics | None = None,
     ) -> None:
         self._registry = registry
         self._default_job_id = default_job_id
-        self._consumer_config = {**consumer_config, "enable.auto.commit": False}
+        metrics = metrics or ProcessMetrics()
+        lag = ConsumerLag(metrics, SERVICE)
+        self._consumer_config = {**consumer_config, "enable.auto.commit": False,
+                                 **lag.client_config()}
+        self._commands_in = metrics.counter(EVENTS_IN).labels(SERVICE, actuations_topic)
+        self._results_out = metrics.counter(EVENTS_OUT).labels(SERVICE, results_topic)
+        self._actuations = metrics.counter(ACTUATIONS)
+        metrics.add_health_check("webhook-forwarder", self.health)
         self._actuations_topic = actuations_topic
         self._results_topic = results_topic
         self._signing_key = signing_key
@@ -94,6 +111,11 @@ class WebhookForwarder:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dsec-webhooks", daemon=True)
         self._thread.start()
+
+    def health(self) -> str | None:
+        if self._thread is None or not self._thread.is_alive():
+            return "the webhook forwarder's consumer is not running"
+        return None
 
     def stop(self) -> None:
         self._stop.set()
@@ -113,6 +135,7 @@ class WebhookForwarder:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("dsec webhooks: %s", message.error())
                     continue
+                self._commands_in.inc()
                 self.handle(message.value())
                 consumer.commit(message=message, asynchronous=False)
         except Exception:
@@ -162,4 +185,6 @@ class WebhookForwarder:
             command_time_ms=command.event_time_ms,
         )
         self._publish(self._results_topic, identity.node_id.encode(), encode(result))
+        self._actuations.labels(SERVICE, action_label(result.action_kind), status.value).inc()
+        self._results_out.inc()
         return status
