@@ -6,6 +6,7 @@ own data folder, formatted storage and loopback ports (chosen or free).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -67,10 +68,21 @@ def fetch_jars(cache_dir: Path | None = None) -> Path:
     return lib_dir
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(consecutive: int = 1) -> int:
+    """A loopback port free now, followed by ``consecutive - 1`` more free ones."""
+    for _ in range(100):
+        with contextlib.ExitStack() as bound:
+            first = bound.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            try:
+                for offset in range(1, consecutive):
+                    other = bound.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    other.bind(("127.0.0.1", port + offset))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no {consecutive} consecutive free ports found")
 
 
 def die_with_parent() -> None:

@@ -10,7 +10,14 @@ import random
 from dataclasses import dataclass
 
 from dsec.schemas import MetricBatch, MetricColumns, WorkerIdentity
-from dsec.schemas.metrics import EpisodeColumns, GpuColumns, HeartbeatColumns, StepColumns
+from dsec.schemas.metrics import (
+    EpisodeColumns,
+    GpuColumns,
+    GradSyncColumns,
+    HeartbeatColumns,
+    RecoveryColumns,
+    StepColumns,
+)
 
 GIB = 1 << 30
 
@@ -147,3 +154,42 @@ def training_batch(ident: TraceIdentity, index: int, samples: int, seed: int = 0
         event_id=f"bench-{ident.worker_id}-{index:09d}", event_time_ms=t0 + 100,
         identity=ident.worker(), columns=columns,
     )
+
+
+def slow_grad_sync(
+    ident: TraceIdentity,
+    seconds: int,
+    latency_ms: float,
+    syncs_per_s: int = 10,
+    failed_every: int = 0,
+    samples_dropped_per_s: int = 0,
+    recovery_time_s: float | None = None,
+    utilisation_pct: float = 90.0,
+) -> list[MetricBatch]:
+    """Gradient syncs taking ``latency_ms`` each (every ``failed_every``-th one failing,
+    when given), one GPU sample and a heartbeat a second whose probe counts
+    ``samples_dropped_per_s`` more dropped samples each time; a resume from a snapshot that
+    took ``recovery_time_s`` opens the trace, when given."""
+    batches = []
+    for second in range(seconds):
+        t0 = ident.start_ms + second * 1000
+        indices = range(second * syncs_per_s, (second + 1) * syncs_per_s)
+        syncs = GradSyncColumns(
+            event_time_ms=[t0 + k * 1000 // syncs_per_s for k in range(syncs_per_s)],
+            step=list(indices), bytes=[1 << 20] * syncs_per_s,
+            latency_ms=[latency_ms] * syncs_per_s,
+            ok=[not (failed_every and (i + 1) % failed_every == 0) for i in indices],
+        )
+        gpu = GpuColumns(
+            event_time_ms=[t0], gpu_uuid=[ident.gpu_uuid], gpu_model=[ident.gpu_model],
+            memory_used_bytes=[10 * GIB], memory_total_bytes=[80 * GIB],
+            utilisation_pct=[utilisation_pct], temperature_c=[65.0],
+        )
+        heartbeat = HeartbeatColumns(
+            event_time_ms=[t0 + 999], interval_s=[1.0],
+            samples_dropped=[samples_dropped_per_s * (second + 1)])
+        recovery = (RecoveryColumns(event_time_ms=[t0], recovery_time_s=[recovery_time_s])
+                    if second == 0 and recovery_time_s is not None else None)
+        columns = MetricColumns(grad_sync=syncs, gpu=gpu, heartbeat=heartbeat, recovery=recovery)
+        batches.append(_batch(ident, second, columns))
+    return batches

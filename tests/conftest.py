@@ -27,6 +27,15 @@ def _docker_answers() -> bool:
     return True
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _metrics_endpoints_off() -> Iterator[None]:
+    """Services the tests start serve no metrics unless a test gives them a free port: the
+    default port is fixed, and stacks run side by side here."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DSEC_METRICS_PORT", "0")
+        yield
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     given = os.environ.get("DSEC_TEST_BOOTSTRAP")

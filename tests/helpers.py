@@ -20,8 +20,9 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.25, what: str = 
 
 
 def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | None = None,
-                log_name: str = "stack.log"):
-    """``dsec up`` on ``bootstrap`` as a subprocess; returns once it wrote its state file."""
+                log_name: str = "stack.log", env: dict[str, str] | None = None):
+    """``dsec up`` on ``bootstrap`` as a subprocess; returns once it wrote its state file.
+    ``env``: more environment for it (e.g. ``DSEC_METRICS_PORT``)."""
     import os
     import subprocess
     import sys
@@ -29,7 +30,7 @@ def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | Non
     from dsec.infra.stack import read_stack_state
 
     env = {**os.environ, "DSEC_DATA_DIR": str(data_dir), "DSEC_TOPIC_PREFIX": topic_prefix,
-           "DSEC_SIGNING_KEY": "test-signing-key"}
+           "DSEC_SIGNING_KEY": "test-signing-key", **(env or {})}
     command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap]
     if services:
         command += ["--services", services]
