@@ -165,6 +165,8 @@ def slow_grad_sync(
     samples_dropped_per_s: int = 0,
     recovery_time_s: float | None = None,
     utilisation_pct: float = 90.0,
+    memory_used_bytes: int = 10 * GIB,
+    heartbeat_interval_s: float = 1.0,
 ) -> list[MetricBatch]:
     """Gradient syncs taking ``latency_ms`` each (every ``failed_every``-th one failing,
     when given), one GPU sample and a heartbeat a second whose probe counts
@@ -182,11 +184,11 @@ def slow_grad_sync(
         )
         gpu = GpuColumns(
             event_time_ms=[t0], gpu_uuid=[ident.gpu_uuid], gpu_model=[ident.gpu_model],
-            memory_used_bytes=[10 * GIB], memory_total_bytes=[80 * GIB],
+            memory_used_bytes=[memory_used_bytes], memory_total_bytes=[80 * GIB],
             utilisation_pct=[utilisation_pct], temperature_c=[65.0],
         )
         heartbeat = HeartbeatColumns(
-            event_time_ms=[t0 + 999], interval_s=[1.0],
+            event_time_ms=[t0 + 999], interval_s=[heartbeat_interval_s],
             samples_dropped=[samples_dropped_per_s * (second + 1)])
         recovery = (RecoveryColumns(event_time_ms=[t0], recovery_time_s=[recovery_time_s])
                     if second == 0 and recovery_time_s is not None else None)

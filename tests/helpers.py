@@ -19,6 +19,17 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.25, what: str = 
         time.sleep(interval_s)
 
 
+def partitions_held(bootstrap: str, group: str) -> list[int]:
+    """How many partitions each member of a consumer group holds (members holding none
+    left out)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    description = admin.describe_consumer_groups([group])[group].result()
+    return sorted(len(m.assignment.topic_partitions) for m in description.members
+                  if m.assignment.topic_partitions)
+
+
 def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | None = None,
                 log_name: str = "stack.log", env: dict[str, str] | None = None):
     """``dsec up`` on ``bootstrap`` as a subprocess; returns once it wrote its state file.

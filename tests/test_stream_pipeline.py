@@ -7,8 +7,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient
-from helpers import start_stack, stop_stack, wait_for
+from helpers import partitions_held, start_stack, stop_stack, wait_for
 
 from dsec.history import query
 from dsec.infra.stack import SERVICES, sink_group, stream_group
@@ -54,12 +53,15 @@ def _rows(settings: DsecSettings, sql: str) -> list:
     return query(settings, sql)["rows"]
 
 
-def _final_features(settings: DsecSettings, worker: str) -> dict[str, float]:
-    """The worker's last feature event (the one that saw the most episodes or steps)."""
+def _final_features(settings: DsecSettings, worker: str,
+                    by: tuple[str, ...] = ("episodes_total", "steps_total")) -> dict[str, float]:
+    """The worker's last feature event (the one with the highest of the counters ``by``:
+    by default, the one that saw the most episodes or steps)."""
+    counters = ", ".join(f"'{name}'" for name in by)
     rows = _rows(settings, f"""
         SELECT feature, value FROM features WHERE event_id = (
             SELECT argMax(event_id, value) FROM features
-            WHERE worker_id = '{worker}' AND feature IN ('episodes_total', 'steps_total'))""")
+            WHERE worker_id = '{worker}' AND feature IN ({counters}))""")
     return dict(rows)
 
 
@@ -156,13 +158,8 @@ def test_two_stream_job_processes_share_the_partitions(kafka_bootstrap, tmp_path
                         services="stream-jobs") for i in range(2)]
     try:
         group = stream_group(settings, frozenset({"stream-jobs"}))
-        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-
-        def members() -> int:
-            description = admin.describe_consumer_groups([group])[group].result()
-            return sum(1 for m in description.members if m.assignment.topic_partitions)
-
-        wait_for(lambda: members() == 2, 60, what="both stream workers to hold partitions")
+        wait_for(lambda: len(partitions_held(kafka_bootstrap, group)) == 2, 60,
+                 what="both stream workers to hold partitions")
         _publish(settings, [b for trace in traces.values() for b in trace])
         _drained(settings, frozenset({"stream-jobs"}))
         for worker, trace in traces.items():
