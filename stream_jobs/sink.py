@@ -35,7 +35,13 @@ from pydantic import BaseModel
 from tenacity import Retrying, retry_if_not_exception_type, stop_never, wait_exponential
 
 from dsec.observability.kafka import ConsumerLag
-from dsec.observability.metrics import EVENTS_IN, EVENTS_OUT, ProcessMetrics
+from dsec.observability.metrics import (
+    EVENTS_DEAD_LETTERED,
+    EVENTS_IN,
+    EVENTS_OUT,
+    STORE_REJECTED,
+    ProcessMetrics,
+)
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -203,6 +209,8 @@ class ClickHouseSink:
         metrics = metrics or ProcessMetrics()
         self._events_in = metrics.counter(EVENTS_IN)
         self._rows_out = metrics.counter(EVENTS_OUT)
+        self._dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED).labels(
+            SERVICE, STORE_REJECTED)
         self._lag = ConsumerLag(metrics, SERVICE)
         self._stalled_after_s = stalled_after_s
         self._last_round_s: float | None = None
@@ -446,6 +454,8 @@ class ClickHouseSink:
         remaining = self._producer.flush(60)
         if remaining or failures:
             raise RuntimeError(f"dead letters not delivered: {remaining} pending, {failures}")
+        self._dead_lettered.inc(len(letters))
+        self._rows_out.labels(SERVICE, self._dead_letter_topic).inc(len(letters))
 
     def _add_raw(self, raw: RawColumnsBuilder, message: Message, batch: PreparedBatch) -> None:
         value = message.value()

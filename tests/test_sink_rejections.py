@@ -14,6 +14,7 @@ from helpers import wait_for
 from dsec.infra.clickhouse import connect, ensure_schema
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import consumer_config, producer_config
+from dsec.observability import ProcessMetrics
 from dsec.schemas import (
     DeadLetter,
     FeatureEvent,
@@ -80,9 +81,10 @@ def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, tmp_pat
         producer.produce(topics.features, key=b"replayed", value=encode(event))
     assert producer.flush(30) == 0
 
+    metrics = ProcessMetrics()
     sink = ClickHouseSink(client, threading.Lock(),
                           consumer_config(settings, f"sink-{uuid.uuid4().hex[:6]}"), topics,
-                          producer_config(settings, "test-sink"))
+                          producer_config(settings, "test-sink"), metrics=metrics)
     sink.start()
     try:
         wait_for(lambda: sink.counters.rows_by_table.get("features", 0) == 150
@@ -102,6 +104,8 @@ def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, tmp_pat
     stored = client.query("SELECT count(), uniqExact(event_id) FROM features").result_rows
     assert stored == [(150, 150)]
     assert sink.counters.inserts_rejected >= 2 and sink.counters.insert_retries == 0
+    assert metrics.registry.get_sample_value(
+        "dsec_events_dead_lettered_total", {"service": "sink", "reason": "store_rejected"}) == 1
     reason, source_topic = client.query(
         "SELECT reason, source_topic FROM dead_letters").result_rows[0]
     assert source_topic == topics.metrics

@@ -55,12 +55,12 @@ EVENTS_IN = MetricSpec(
 EVENTS_OUT = MetricSpec(
     "dsec_events_out_total", "counter",
     "Messages published, by service and destination topic (the sink: rows written, by "
-    "ClickHouse table).",
+    "ClickHouse table, and dead letters published).",
     ("service", "topic"))
 EVENTS_DEAD_LETTERED = MetricSpec(
     "dsec_events_dead_lettered_total", "counter",
     "Messages sent to the dead-letter topic, by service and reason class "
-    "(empty, not_json, invalid).",
+    "(empty, not_json, invalid; the sink: store_rejected).",
     ("service", "reason"))
 CONSUMER_LAG = MetricSpec(
     "dsec_consumer_lag_messages", "gauge",
@@ -122,10 +122,13 @@ SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
                     SANDBOX_UTILIZATION_RATE, PROBE_SAMPLES_DROPPED, WORKERS_LOST),
     "policy-engine": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
                       POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, ACTUATIONS),
-    "sink": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG),
+    "sink": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG),
     "ingest-gateway": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS),
     "node-actuator": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS),
 }
+
+
+STORE_REJECTED = "store_rejected"  # the reason class of what ClickHouse refused to store
 
 
 def dead_letter_reason(reason: str) -> str:
