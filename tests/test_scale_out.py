@@ -17,7 +17,7 @@ from test_stream_pipeline import _drained, _expected_final, _final_features, _ro
 
 from dsec.infra.stack import sink_group, stream_group
 from dsec.kafka_clients import consumer_config, make_producer
-from dsec.schemas import ActuationCommand, encode, now_ms, topic_names
+from dsec.schemas import ActuationCommand, FeatureEvent, encode, now_ms, topic_names
 from dsec.schemas.metrics import encode_packed
 from dsec.settings import DsecSettings
 from dsec.stream_jobs.sink import wait_until_drained
@@ -26,7 +26,10 @@ from dsec.stream_jobs.traces import GIB, TraceIdentity, slow_grad_sync
 pytestmark = pytest.mark.integration
 
 WORKERS = 24
-SECONDS = 40  # of trace per worker, published at one batch a second per worker
+SECONDS = 30  # of trace per worker, published at one batch a second per worker
+# Worker i starts i seconds in, so that policies keep firing (a worker's first features
+# snapshot it) while the processes are killed.
+PUBLISHING_S = SECONDS + WORKERS - 1
 # Every third worker runs over the elastic memory ceiling (12 GiB): the quota policy fires.
 OVER_CEILING = {f"worker-{i:02d}" for i in range(0, WORKERS, 3)}
 
@@ -42,14 +45,16 @@ def _traffic(workers: list[TraceIdentity]) -> dict[str, list]:
 
 def _publish_in_real_time(settings: DsecSettings, traces: dict[str, list],
                           published: list[int]) -> None:
-    """One batch per worker a second, as probes flush."""
+    """One batch per worker a second, as probes flush; worker i from second i on."""
     producer = make_producer(settings, "test-scale-out")
     topic = topic_names(settings.topic_prefix).metrics
-    for second in range(SECONDS):
+    for second in range(PUBLISHING_S):
         started = time.monotonic()
-        for worker, batches in traces.items():
-            producer.produce(topic, key=worker.encode(), value=encode_packed(batches[second]))
-            published[0] += 1
+        for index, (worker, batches) in enumerate(traces.items()):
+            if 0 <= second - index < SECONDS:
+                producer.produce(topic, key=worker.encode(),
+                                 value=encode_packed(batches[second - index]))
+                published[0] += 1
         producer.poll(0)
         time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     assert producer.flush(60) == 0
@@ -71,6 +76,7 @@ def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_pat
         for service in ("stream-jobs", "policy-engine") for i in range(2)
     }
     commands = Reader(settings, topics.actuations, None)
+    features = Reader(settings, topics.features, FeatureEvent)
     started = time.monotonic()
     try:
         groups = {service: stream_group(settings, frozenset({service}))
@@ -83,8 +89,8 @@ def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_pat
         publisher = threading.Thread(target=_publish_in_real_time,
                                      args=(settings, traces, published))
         publisher.start()
-        # Mid-stream: once commands are flowing and a quarter of the traffic is out.
-        wait_for(lambda: commands.drain(0.2) and published[0] >= WORKERS * SECONDS // 4, 120,
+        # Mid-stream: commands flowing, about ten workers started and more to come.
+        wait_for(lambda: commands.drain(0.2) and published[0] >= 55, 120,
                  what="traffic and the first commands")
         stop_stack(processes[("stream-jobs", 0)], kill=True)
         stop_stack(processes[("policy-engine", 0)], kill=True)
@@ -129,10 +135,13 @@ def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_pat
         by_id: dict[str, ActuationCommand] = {}
         for command in on_topic:
             assert encode(by_id.setdefault(command.actuation_id, command)) == encode(command)
-        republished = sum(Counter(c.actuation_id for c in on_topic).values()) - len(by_id)
-        print(f"scale-out: {published[0]} batches, {len(on_topic)} commands on the topic, "
-              f"{len(by_id)} distinct, {republished} re-published; killed after {killed_at} "
-              f"batches; {time.monotonic() - started:.0f} s")
+        republished = len(on_topic) - len(by_id)
+        feature_ids = Counter(event.event_id for event in features.drain(2.0))
+        print(f"scale-out: {published[0]} batches, killed after {killed_at}; "
+              f"{sum(feature_ids.values())} feature events on the topic, "
+              f"{len(feature_ids)} distinct; {len(on_topic)} commands on the topic, "
+              f"{len(by_id)} distinct ({republished} re-published); "
+              f"{time.monotonic() - started:.0f} s")
 
         # Every worker was snapshotted, and no policy fired twice for one cause: the engine's
         # state (cooldowns, stages) survived the failover.
@@ -149,6 +158,7 @@ def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_pat
             assert len(caps) == (1 if w.worker_id in OVER_CEILING else 0), w.worker_id
     finally:
         commands.close()
+        features.close()
         for process in processes.values():
             stop_stack(process)
         stop_stack(sink)
