@@ -127,6 +127,18 @@ def test_metrics_port_zero_turns_the_endpoint_off_and_health_says_so(monkeypatch
     assert defaults.health_url() == "http://127.0.0.1:9464/healthz"
 
 
+def test_a_taken_port_leaves_the_service_running_without_its_endpoint(caplog) -> None:
+    from dsec.observability import serve_metrics
+    from dsec.settings import DsecSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert serve_metrics(DsecSettings(metrics_port=port), ProcessMetrics()) is None
+    assert f"not served on 127.0.0.1:{port}" in caplog.text
+
+
 def test_latest_values_forget_label_sets_not_updated_and_trips_age_out() -> None:
     now = [0.0]
     latest = LatestValues(GRADIENT_SYNC_SUCCESS_RATE, ttl_s=60, clock=lambda: now[0])
