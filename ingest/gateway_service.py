@@ -14,6 +14,7 @@ from dsec.ingest.gateway_registry import RuntimeRegistry
 from dsec.ingest.gateway_webhooks import WebhookForwarder
 from dsec.kafka_clients import consumer_config, producer_config
 from dsec.observability.metrics import ProcessMetrics
+from dsec.observability.server import serve_metrics
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
 
@@ -75,8 +76,13 @@ def run_gateway(settings: DsecSettings, config: GatewayConfig) -> None:
     import uvicorn
 
     service = build_gateway(settings, config).start()
+    # The same /metrics and /healthz as on the gateway's own port, on the metrics port
+    # every dsec service answers on.
+    metrics_server = serve_metrics(settings, service.gateway.metrics)
     try:
         uvicorn.run(service.gateway.app(), host=config.host, port=config.port,
                     log_level="warning")
     finally:
         service.close()
+        if metrics_server is not None:
+            metrics_server.stop()

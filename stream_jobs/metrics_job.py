@@ -29,10 +29,8 @@ from dsec.observability.metrics import (
     SANDBOX_UTILIZATION_RATE,
     SNAPSHOT_RECOVERY_TIME,
     WORKERS_LOST,
-    LatestValues,
     ProcessMetrics,
     dead_letter_reason,
-    mean_or_nan,
 )
 from dsec.schemas import (
     DeadLetter,
@@ -83,10 +81,8 @@ class _JobInstruments:
         self.sync_success = metrics.latest(GRADIENT_SYNC_SUCCESS_RATE)
         self.samples_dropped = metrics.latest(PROBE_SAMPLES_DROPPED)
         self.workers_lost = metrics.gauge(WORKERS_LOST)
-        # Per worker, latest device utilisation (ratio); the gauge is their mean.
-        self.utilisation = LatestValues(SANDBOX_UTILIZATION_RATE, utilisation_ttl_s)
-        metrics.gauge_function(SANDBOX_UTILIZATION_RATE,
-                               lambda: mean_or_nan(self.utilisation.values().values()))
+        # The mean over workers of each one's latest device utilisation (ratio).
+        self.utilisation = metrics.mean_of_latest(SANDBOX_UTILIZATION_RATE, utilisation_ttl_s)
 
     def batch_done(self, started_s: float, messages: int,
                    derived: dict[str, list[dict[str, float]]],

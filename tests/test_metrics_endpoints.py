@@ -3,7 +3,6 @@ scraped on the real broker after traffic (stack, sink child, node actuator, gate
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -35,7 +34,9 @@ from dsec.observability.metrics import (
     EVENTS_IN,
     GRADIENT_SYNC_SUCCESS_RATE,
     MELT_DOWN_COUNT,
+    SANDBOX_UTILIZATION_RATE,
     LatestValues,
+    MeanOfLatest,
     RecentEvents,
     is_breaker_trip,
 )
@@ -164,6 +165,11 @@ def test_latest_values_forget_label_sets_not_updated_and_trips_age_out() -> None
     metrics = ProcessMetrics()
     metrics.gauge_function(MELT_DOWN_COUNT, trips.count)
     assert value(_parse(metrics), "dsec_melt_down_count") == 1
+    utilisation = MeanOfLatest(SANDBOX_UTILIZATION_RATE, ttl_s=60, clock=lambda: now[0])
+    metrics.registry.register(utilisation)
+    assert value(_parse(metrics), "dsec_sandbox_utilization_rate") is None  # no NaN
+    utilisation.set_many([(("w0",), 0.5), (("w1",), 1.0)])
+    assert value(_parse(metrics), "dsec_sandbox_utilization_rate") == 0.75
 
 
 def test_consumer_lag_from_librdkafka_statistics() -> None:
@@ -262,7 +268,7 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
     prefix = f"t{uuid.uuid4().hex[:10]}"
     topics = topic_names(prefix)
     stack_port = free_port(consecutive=2)  # the stack, and its sink child on the next port
-    node_port, gateway_port = free_port(), free_port()
+    node_port, gateway_port, gateway_metrics_port = free_port(), free_port(), free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="dsec-run-"))  # socket paths are short
     env = {**os.environ, "DSEC_BOOTSTRAP": kafka_bootstrap, "DSEC_TOPIC_PREFIX": prefix,
            "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(tmp_path / "side"),
@@ -271,7 +277,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                         env={"DSEC_METRICS_PORT": str(stack_port)})
     node = _spawn(["actuator", "--node", "node-brk"],
                   {**env, "DSEC_METRICS_PORT": str(node_port)}, tmp_path / "node.log")
-    gateway = _spawn(["ingest-gateway", "--port", str(gateway_port)], env,
+    gateway = _spawn(["ingest-gateway", "--port", str(gateway_port)],
+                     {**env, "DSEC_METRICS_PORT": str(gateway_metrics_port)},
                      tmp_path / "gateway.log")
     worker = None
     try:
@@ -283,7 +290,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
             what="the endpoints in the state file")
         node_url = f"http://127.0.0.1:{node_port}"
         gateway_url = f"http://127.0.0.1:{gateway_port}"
-        for url in (stack_url, sink_url, node_url, gateway_url):
+        gateway_metrics_url = f"http://127.0.0.1:{gateway_metrics_port}"
+        for url in (stack_url, sink_url, node_url, gateway_url, gateway_metrics_url):
             wait_for(lambda u=url: _healthy(u), 120, what=f"{url}/healthz")
         answered = subprocess.run(
             [sys.executable, "-m", "dsec.cli", "health"], capture_output=True, timeout=60,
@@ -345,8 +353,9 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         assert value(samples, "dsec_snapshot_recovery_time_seconds_count") == 3
         assert value(samples, "dsec_snapshot_recovery_time_seconds_sum") == pytest.approx(7.5)
         assert value(samples, "dsec_snapshot_recovery_time_seconds_bucket", le="4.0") == 3
+        # Absent once the workers have been silent for a minute.
         utilisation = value(samples, "dsec_sandbox_utilization_rate")
-        assert utilisation == pytest.approx(0.9) or math.isnan(utilisation)  # aged out: NaN
+        assert utilisation is None or utilisation == pytest.approx(0.9)
         assert value(samples, "dsec_events_in_total", service="policy-engine",
                      topic=topics.features) >= 6
         assert value(samples, "dsec_actuations_total", service="policy-engine",
@@ -397,6 +406,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                      topic="http") == 2
         assert value(gateway_samples, "dsec_events_out_total", service="ingest-gateway",
                      topic=topics.metrics) == 2
+        assert value(scrape(gateway_metrics_url), "dsec_events_in_total",
+                     service="ingest-gateway", topic="http") == 2  # the same, on the metrics port
 
         everything = {**samples, **sink_samples, **node_samples, **gateway_samples,
                       **scrape(sink_url)}

@@ -92,7 +92,7 @@ SNAPSHOT_RECOVERY_TIME = MetricSpec(
 SANDBOX_UTILIZATION_RATE = MetricSpec(
     "dsec_sandbox_utilization_rate", "gauge",
     "Mean device utilisation of the workers this process saw in the last minute "
-    "(ratio 0..1; NaN when none reported).")
+    "(ratio 0..1; no sample while none reported).")
 ACTUATIONS = MetricSpec(
     "dsec_actuations_total", "counter",
     "Actuation commands by service, action and result (the policy engine: emitted; the "
@@ -203,6 +203,32 @@ class LatestValues(Collector):
         yield family_type(self.spec.family_name, self.spec.help, labels=self.spec.labels)
 
 
+class MeanOfLatest(Collector):
+    """An unlabelled gauge: the mean of the latest value of each key (a worker, say) set
+    within ``ttl_s``. No sample while there is none, rather than a NaN that would spoil an
+    average taken across processes."""
+
+    def __init__(self, spec: MetricSpec, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if spec.kind != "gauge" or spec.labels:
+            raise ValueError(f"{spec.name}: a mean of latest values is an unlabelled gauge")
+        self.spec = spec
+        self.latest = LatestValues(spec, ttl_s, clock)
+
+    def set_many(self, values: Iterable[tuple[tuple[str, ...], float]]) -> None:
+        self.latest.set_many(values)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.spec.family_name, self.spec.help)
+        values = self.latest.values()
+        if values:
+            family.add_metric([], math.fsum(values.values()) / len(values))
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.spec.family_name, self.spec.help)
+
+
 class RecentEvents:
     """Times of recent events, counted over a sliding window (e.g. breaker trips per hour)."""
 
@@ -269,6 +295,14 @@ class ProcessMetrics:
 
         return self._instrument(spec, spec.kind, make)
 
+    def mean_of_latest(self, spec: MetricSpec, ttl_s: float) -> MeanOfLatest:
+        def make() -> MeanOfLatest:
+            collector = MeanOfLatest(spec, ttl_s)
+            self.registry.register(collector)
+            return collector
+
+        return self._instrument(spec, "gauge", make)
+
     def gauge_function(self, spec: MetricSpec, read: Callable[[], float]) -> Gauge:
         """An unlabelled gauge whose value is read when scraped."""
         gauge = self.gauge(spec)
@@ -297,8 +331,3 @@ class ProcessMetrics:
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
-
-
-def mean_or_nan(values: Iterable[float]) -> float:
-    items = list(values)
-    return math.fsum(items) / len(items) if items else math.nan
