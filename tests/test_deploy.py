@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from dsec.cli import app
 from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema
+from dsec.observability import METRIC_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
@@ -43,22 +44,7 @@ DSEC_WORKLOADS = {"stream-jobs", "policy-engine", "sink", "ingest-gateway", "act
 pytestmark = pytest.mark.timeout(1800)
 
 # The Prometheus metrics every dsec service exports (names without the histogram suffixes).
-METRIC_CATALOGUE = {
-    "dsec_events_in_total",
-    "dsec_events_out_total",
-    "dsec_events_dead_lettered_total",
-    "dsec_consumer_lag_messages",
-    "dsec_feature_update_latency_seconds",
-    "dsec_policy_evaluation_latency_seconds",
-    "dsec_melt_down_count",
-    "dsec_breaker_trips_total",
-    "dsec_gradient_sync_success_rate",
-    "dsec_snapshot_recovery_time_seconds",
-    "dsec_sandbox_utilization_rate",
-    "dsec_actuations_total",
-    "dsec_probe_samples_dropped_total",
-    "dsec_workers_lost",
-}
+METRIC_CATALOGUE = set(METRIC_NAMES)
 
 
 def _tool(script: str) -> str:
