@@ -96,16 +96,16 @@ def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_pat
         stop_stack(processes[("policy-engine", 0)], kill=True)
         killed_at = published[0]
         for service, group in groups.items():
-            wait_for(lambda g=group: len(partitions_held(kafka_bootstrap, g)) == 1, 180,
+            wait_for(lambda g=group: len(partitions_held(kafka_bootstrap, g)) == 1, 300,
                      what=f"the surviving {service} process to hold every partition")
         publisher.join()
         assert killed_at < WORKERS * SECONDS  # the kill happened with traffic still coming
 
         _drained(settings, frozenset({"stream-jobs"}))
         engine = consumer_config(settings, groups["policy-engine"])
-        assert wait_until_drained(engine, [topics.features], 180)
+        assert wait_until_drained(engine, [topics.features], 300)
         sink_consumer = consumer_config(settings, sink_group(settings))
-        assert wait_until_drained(sink_consumer, [topics.features, topics.actuations], 120)
+        assert wait_until_drained(sink_consumer, [topics.features, topics.actuations], 300)
 
         # Features: one event per probe batch, none stored twice, final values exact.
         per_worker = dict(_rows(settings, """
