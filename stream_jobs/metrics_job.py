@@ -45,6 +45,7 @@ from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import worker_features
 from dsec.stream_jobs.fast_decode import decode_metric_batch
+from dsec.stream_jobs.faust_app import durable_batches
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -241,8 +242,8 @@ def register_metrics_job(
     @app.agent(metrics, name="metrics-job")
     async def metrics_job(stream: faust.StreamT) -> None:
         await changelog_metadata()
-        async for events in stream.take_events(batch_max_messages, within=batch_within_s):
-            await process(list(events))
+        async for events in durable_batches(stream, batch_max_messages, batch_within_s):
+            await process(events)
 
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
