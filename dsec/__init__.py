@@ -77,7 +77,7 @@ def init(
     identity = WorkerIdentity(
         job_id=resolved.job_id,
         worker_id=worker_id or default_worker_id(),
-        node_id=node_id or socket.gethostname(),
+        node_id=node_id or resolved.node_id or socket.gethostname(),
     )
     runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
     if optimizer is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -45,7 +46,7 @@ def _settings(**overrides: object) -> DsecSettings:
 @app.command()
 def up(
     bootstrap: Annotated[
-        str | None, typer.Option(help="Use this Kafka instead of a local one.")
+        str | None, typer.Option(help="Use this Kafka instead of a local one (or DSEC_BOOTSTRAP).")
     ] = None,
     kafka_port: Annotated[int, typer.Option(help="Port of the local broker (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the store and state live.")] = None,
@@ -62,7 +63,9 @@ def up(
     settings = _settings(bootstrap=bootstrap, data_dir=data_dir)
     chosen = frozenset(name.strip() for name in services.split(",") if name.strip())
     try:
-        run_stack(settings, StackOptions(start_kafka=bootstrap is None, kafka_port=kafka_port,
+        # A broker given either way is used; only with neither does the stack start its own.
+        start_kafka = bootstrap is None and not os.environ.get("DSEC_BOOTSTRAP")
+        run_stack(settings, StackOptions(start_kafka=start_kafka, kafka_port=kafka_port,
                                          services=chosen))
     except ValueError as exc:
         err_console.print(f"[red]{exc}[/red]")

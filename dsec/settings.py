@@ -23,6 +23,9 @@ class DsecSettings(BaseSettings):
     bootstrap: str = "127.0.0.1:9092"
     topic_prefix: str = Field(default="dsec", pattern=r"^[A-Za-z0-9_.\-]+$")
     job_id: str = "default"
+    # this machine's name for the node actuator and the workers on it (default: hostname;
+    # in Kubernetes give it the node's name, not the pod's)
+    node_id: str | None = None
     data_dir: Path = Path(".dsec")
     clickhouse_dsn: str | None = None
     clickhouse_ttl_days: int = Field(default=30, ge=1, le=3650)
