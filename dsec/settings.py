@@ -36,6 +36,9 @@ class DsecSettings(BaseSettings):
     # Built-in policy parameter overrides, e.g. {"bandwidth-latency-breaker":
     # {"latency_cap_ms": 70}} (DSEC_POLICY_PARAMS as JSON).
     policy_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Run every built-in policy in dry run (shadow mode): decisions are audited, nothing
+    # is commanded (DSEC_POLICY_DRY_RUN=1).
+    policy_dry_run: bool = False
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
