@@ -57,9 +57,22 @@ class _Slot:
 
 def _spawn_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
     log = log_path.open("ab")
-    return subprocess.Popen([sys.executable, "-m", "dsec.experiment.worker"], env=env,
-                            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    ready_dir = log_path.parent / "ready"
+    ready_dir.mkdir(exist_ok=True)
+    ready_file = ready_dir / f"{time.monotonic_ns()}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file)], env=env,
+        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process.ready_file = ready_file  # type: ignore[attr-defined]
+    return process
+
+
+def _wait_ready(processes: list[subprocess.Popen], deadline: float) -> None:
+    """Until every process has imported and warmed up (a loaded machine takes a while)."""
+    while not all(p.ready_file.exists() for p in processes):  # type: ignore[attr-defined]
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            raise ExperimentError("workers did not get ready; see the worker logs")
+        time.sleep(0.2)
 
 
 def _assign(process: subprocess.Popen, assignment: Assignment) -> None:
@@ -208,7 +221,9 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 if stack.poll() is not None or time.monotonic() > deadline:
                     raise ExperimentError(f"a dsec stack did not start; see {arm_dir.parent}")
                 time.sleep(0.2)
-        t0 = time.time() + 2.0
+        _wait_ready([slot.process for slot in slots]
+                    + [spare for arm in ARMS for spare in spares[arm]], deadline)
+        t0 = time.time() + 1.0
         end_at = t0 + options.duration_s
 
         def assignment(slot: _Slot) -> Assignment:
@@ -264,7 +279,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             timelines = read_timelines(run_dir / arm)
             arm_result: ArmResult = measure_arm(timelines, t0, end_at)
             result[arm] = {**arm_result.to_json(), "policy_decisions": decisions[arm]}
-        result["run"] = {"scenario": scenario.name, "workers": options.workers,
+        result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
                          "duration_s": options.duration_s, "seed": options.seed,
                          "run_dir": str(run_dir), "faults": len(schedule)}
         (run_dir / "result.json").write_text(json.dumps(result))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -58,10 +59,11 @@ class SimulatedGpu:
 
     NVMLError = RuntimeError
 
-    def __init__(self, uuid: str, spec: GpuSpec | None = None) -> None:
+    def __init__(self, uuid: str, spec: GpuSpec | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec or GpuSpec()
         self.uuid = uuid
-        self._now = time.monotonic
+        self._now = clock
         self._lock = threading.Lock()
         self.allocated_bytes = 0
         self.fragmented_bytes = 0

@@ -140,6 +140,8 @@ def main() -> int:
     from dsec.schemas import ActionKind
 
     _warm_up(torch, gym, ActorCritic, PpoConfig, build_rollout, ppo_loss)
+    if len(sys.argv) > 1:  # the supervisor's ready file: this process can take over now
+        Path(sys.argv[1]).touch()
     line = sys.stdin.readline()
     if not line.strip():
         return 0
