@@ -34,7 +34,7 @@ def test_the_nvml_sampler_reads_the_simulated_card_unchanged() -> None:
     assert kind == "gpu"
     assert fields["gpu_uuid"] == "GPU-sim-0"
     assert fields["memory_used_bytes"] == 3 * GIB
-    assert fields["memory_total_bytes"] == 16 * GIB
+    assert fields["memory_total_bytes"] == 24 * GIB
     assert {"utilisation_pct", "temperature_c", "sm_clock_mhz", "throttle_reasons",
             "power_w"} <= fields.keys()
 
@@ -43,10 +43,10 @@ def test_an_uncapped_leak_ends_in_an_oom() -> None:
     gpu = SimulatedGpu("g")
     gpu.set_working_set(3 * GIB)
     with pytest.raises(SimulatedOutOfMemoryError) as raised:
-        for _ in range(20):
+        for _ in range(30):
             gpu.fragment(1 * GIB)
-    assert raised.value.limit_bytes == 16 * GIB
-    assert gpu.used_bytes <= 16 * GIB
+    assert raised.value.limit_bytes == 24 * GIB
+    assert gpu.used_bytes <= 24 * GIB
 
 
 def test_under_a_fraction_the_allocator_reclaims_fragmented_blocks_instead() -> None:
@@ -65,7 +65,7 @@ def test_under_a_fraction_the_allocator_reclaims_fragmented_blocks_instead() -> 
 
 def test_live_memory_over_the_cap_is_still_an_oom() -> None:
     gpu = SimulatedGpu("g")
-    gpu.set_fraction(4 / 16, 0)
+    gpu.set_fraction(4 / 24, 0)
     with pytest.raises(SimulatedOutOfMemoryError):
         gpu.set_working_set(5 * GIB)
 

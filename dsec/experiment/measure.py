@@ -56,9 +56,13 @@ def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerM
     died_at: float | None = None
     for event in events:
         kind, t = event["e"], float(event["t"])  # type: ignore[arg-type]
-        if kind == "update" and t0 <= t <= end_at + 1.0:
-            kept.append((int(event["updates"]), float(event["dur"])))  # type: ignore[arg-type]
-            result.busy_s += float(event.get("busy_s", 0.0))  # type: ignore[arg-type]
+        if kind == "update":
+            # only the part of the step inside the measured window counts
+            dur = float(event["dur"])  # type: ignore[arg-type]
+            inside = max(0.0, min(t, end_at) - max(t - dur, t0))
+            if inside > 0:
+                kept.append((int(event["updates"]), inside))  # type: ignore[arg-type]
+                result.busy_s += float(event.get("busy_s", 0.0)) * inside / dur  # type: ignore[arg-type]
         elif kind == "resume":
             resumed_at = int(event["updates"])  # type: ignore[arg-type]
             lost = [d for u, d in kept if u > resumed_at]

@@ -42,8 +42,8 @@ class SimulatedOutOfMemoryError(RuntimeError):
 
 @dataclass(frozen=True)
 class GpuSpec:
-    name: str = "dsec SimulatedGpu 16GB"
-    total_bytes: int = 16 * GIB
+    name: str = "dsec SimulatedGpu 24GB"
+    total_bytes: int = 24 * GIB
     max_sm_clock_mhz: float = 1980.0
     throttled_sm_clock_mhz: float = 1150.0
     idle_temperature_c: float = 38.0

@@ -83,13 +83,13 @@ def wire_bytes(bits: int) -> int:
 
 
 def termination_reason(state: Any, truncated: bool) -> str | None:
-    """Where a CartPole episode ended: which limit, at which cart position (cm)."""
+    """Where a CartPole episode ended: which limit, at which cart position (mm)."""
     if truncated:
         return None
     x, _, angle, _ = (float(v) for v in state)
     where = ("cart_" + ("left" if x < 0 else "right")) if abs(x) > 2.4 else \
         ("pole_" + ("left" if angle < 0 else "right"))
-    return f"{where}_x{round(x * 100):+d}cm"
+    return f"{where}_x{round(x * 1000):+d}mm"
 
 
 def _warm_up(torch: Any, gym: Any, actor_critic: Any, ppo_config: Any, build_rollout: Any,
@@ -467,7 +467,8 @@ def main() -> int:
                     state["updates"] += 1
                     timeline.write("update", updates=state["updates"],
                                    dur=round(time.time() - t_start, 4),
-                                   busy_s=round(gpu.busy_total_s - busy_before_s, 4))
+                                   busy_s=round(gpu.busy_total_s - busy_before_s, 4),
+                                   mem_gib=round(gpu.used_bytes / GIB, 2))
                     if a.rank == 0 and time.time() - last_checkpoint_s \
                             >= scenario["checkpoint_interval_s"]:
                         tmp = checkpoint_path.with_suffix(".tmp")
