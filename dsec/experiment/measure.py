@@ -99,11 +99,17 @@ def return_curve(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: fl
 
 def final_mean_return(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: float,
                       tail_fraction: float = 0.2) -> float | None:
-    """Mean return of the episodes that ended in the last ``tail_fraction`` of the run."""
+    """Mean return at the end of the run: each worker's mean over the episodes that ended
+    in the last ``tail_fraction`` of the run, averaged over workers (a worker stuck in
+    many short episodes counts once, not once per episode)."""
     start = end_at - (end_at - t0) * tail_fraction
-    returns = [float(e["ret"]) for events in timelines.values() for e in events  # type: ignore[arg-type]
-               if e["e"] == "episode" and start <= float(e["t"]) <= end_at]  # type: ignore[arg-type]
-    return round(float(np.mean(returns)), 2) if returns else None
+    means = []
+    for events in timelines.values():
+        returns = [float(e["ret"]) for e in events  # type: ignore[arg-type]
+                   if e["e"] == "episode" and start <= float(e["t"]) <= end_at]  # type: ignore[arg-type]
+        if returns:
+            means.append(float(np.mean(returns)))
+    return round(float(np.mean(means)), 2) if means else None
 
 
 def actions_applied(timelines: Mapping[int, Sequence[Event]]) -> list[dict]:

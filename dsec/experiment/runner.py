@@ -162,6 +162,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
 
     run_dir = Path(options.run_dir or tempfile.mkdtemp(prefix="dsec-goodput-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    started_s = time.monotonic()
     run_id = f"goodput-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     kafka = None
     stacks: list[subprocess.Popen] = []
@@ -281,7 +282,8 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             result[arm] = {**arm_result.to_json(), "policy_decisions": decisions[arm]}
         result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
                          "duration_s": options.duration_s, "seed": options.seed,
-                         "run_dir": str(run_dir), "faults": len(schedule)}
+                         "run_dir": str(run_dir), "faults": len(schedule),
+                         "wall_s": round(time.monotonic() - started_s, 1)}
         (run_dir / "result.json").write_text(json.dumps(result))
         return result
     finally:
