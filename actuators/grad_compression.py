@@ -1,9 +1,13 @@
 """Gradient compression bits, applied through a DDP communication hook.
 
 32 bits: plain all-reduce. 16: fp16 all-reduce. 8 and 4: each rank quantises its
-bucket (symmetric absmax, 4-bit values packed two to a byte), the ranks all-gather
-the packed bytes and scales, and every rank dequantises and averages: the bytes on
-the wire drop to a quarter or an eighth of fp32.
+bucket (symmetric absmax with one scale per block of 256 values, 4-bit values packed two
+to a byte), the ranks all-gather the packed bytes and scales, and every rank dequantises
+and averages: the bytes on the wire drop to about a quarter or an eighth of fp32.
+
+One scale per block, not per bucket: a bucket holds parameters of very different
+gradient scales, and with 4 bits (7 levels a side) a single bucket-wide scale rounds most
+of a gradient to zero, which stalls learning.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from typing import Any
 
 from dsec.schemas.actuations import GradCompressionParams
 
-SCALE_BYTES = 4
+SCALE_BYTES = 4  # one float32 scale per block
+QUANTISATION_BLOCK = 256
+
+
+def scale_count(numel: int) -> int:
+    return -(-numel // QUANTISATION_BLOCK)
 
 
 def quantise_levels(bits: int) -> int:
@@ -23,19 +32,23 @@ def quantise_levels(bits: int) -> int:
 
 
 def quantise_gradient(values: Any, bits: int) -> tuple[Any, Any]:
-    """(packed uint8 codes, float32 scale) for a flat float tensor."""
+    """(packed uint8 codes, float32 scale per block of ``QUANTISATION_BLOCK``) for a flat
+    float tensor."""
     import torch
 
     levels = quantise_levels(bits)
     flat = values.detach().reshape(-1).float()
-    scale = flat.abs().max().clamp_min(torch.finfo(torch.float32).tiny) / levels
-    codes = torch.clamp(torch.round(flat / scale), -levels, levels).to(torch.int16) + levels
-    codes = codes.to(torch.uint8)
+    numel = flat.numel()
+    blocks = torch.cat([flat, flat.new_zeros(scale_count(numel) * QUANTISATION_BLOCK - numel)])
+    blocks = blocks.view(-1, QUANTISATION_BLOCK)
+    scale = blocks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / levels
+    codes = torch.clamp(torch.round(blocks / scale[:, None]), -levels, levels)
+    codes = (codes.to(torch.int16) + levels).to(torch.uint8).reshape(-1)[:numel]
     if bits == 4:
         if codes.numel() % 2:
             codes = torch.cat([codes, codes.new_full((1,), levels)])
         codes = codes[0::2] | (codes[1::2] << 4)
-    return codes, scale.reshape(1)
+    return codes, scale
 
 
 def dequantise_gradient(codes: Any, scale: Any, bits: int, numel: int) -> Any:
@@ -45,7 +58,7 @@ def dequantise_gradient(codes: Any, scale: Any, bits: int, numel: int) -> Any:
     if bits == 4:
         codes = torch.stack([codes & 0x0F, codes >> 4], dim=1).reshape(-1)
     values = codes[:numel].to(torch.float32) - levels
-    return values * scale
+    return values * scale.repeat_interleave(QUANTISATION_BLOCK)[:numel]
 
 
 class GradCompression:
@@ -100,11 +113,13 @@ class GradCompression:
         future = dist.all_gather(gathered, payload, group=group, async_op=True).get_future()
         numel = buffer.numel()
 
+        scale_bytes = SCALE_BYTES * scale_count(numel)
+
         def average(_done: Any) -> Any:
             total = torch.zeros_like(buffer, dtype=torch.float32)
             for part in gathered:
-                part_scale = part[-SCALE_BYTES:].clone().view(torch.float32)  # aligned copy
-                total += dequantise_gradient(part[:-SCALE_BYTES], part_scale, bits, numel)
+                part_scale = part[-scale_bytes:].clone().view(torch.float32)  # aligned copy
+                total += dequantise_gradient(part[:-scale_bytes], part_scale, bits, numel)
             return buffer.copy_(total.div_(world))
 
         return future.then(average)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dsec.actuator_cli import actuator_command
 from dsec.bench.cli import bench_app
+from dsec.experiment_cli import experiment_app
 from dsec.gateway_cli import ingest_gateway
 from dsec.policy_cli import policy_app
 from dsec.settings import DsecSettings
@@ -28,6 +29,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
+app.add_typer(experiment_app, name="experiment")
 app.command("ingest-gateway")(ingest_gateway)
 console = Console()
 err_console = Console(stderr=True)

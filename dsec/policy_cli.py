@@ -95,7 +95,8 @@ def list_policies(
     key = settings.signing_key_bytes()
     registry = PolicyRegistry(key)
     builtin = {p.name for p in load_builtin_policies()}
-    for policy in load_builtin_policies(key, settings.policy_params):
+    for policy in load_builtin_policies(key, settings.policy_params,
+                                        dry_run=settings.policy_dry_run):
         registry.install(policy)
     rejected = {}
     for record in read_policy_log(settings)[0]:

@@ -43,6 +43,9 @@ class DsecSettings(BaseSettings):
     # running the sink in a child process gives the child metrics_port + 1.
     metrics_port: int = Field(default=9464, ge=0, le=65534)
     metrics_host: str = "127.0.0.1"
+    # Run every built-in policy in dry run (shadow mode): decisions are audited, nothing
+    # is commanded (DSEC_POLICY_DRY_RUN=1).
+    policy_dry_run: bool = False
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

@@ -16,9 +16,11 @@ from dsec.schemas import PolicySpec, sign
 def load_builtin_policies(
     signing_key: bytes | None = None,
     params: Mapping[str, Mapping[str, float]] | None = None,
+    *,
+    dry_run: bool = False,
 ) -> list[PolicySpec]:
-    """The pack, with ``params[name]`` merged into each policy's parameters, signed with
-    ``signing_key`` (this installation's key) when one is given."""
+    """The pack, with ``params[name]`` merged into each policy's parameters (every one in
+    dry run when ``dry_run``), signed with ``signing_key`` when one is given."""
     folder = resources.files("dsec.policy_engine").joinpath("builtin")
     overrides = dict(params or {})
     policies = []
@@ -33,6 +35,8 @@ def load_builtin_policies(
                 raise PolicyRejected(f"{policy.name} has no parameters {', '.join(unknown)}")
             body = policy.model_dump(mode="json", exclude_none=True)
             policy = PolicySpec.model_validate({**body, "params": {**policy.params, **override}})
+        if dry_run:
+            policy = policy.model_copy(update={"dry_run": True})
         policies.append(sign(policy, signing_key) if signing_key else policy)
     if overrides:
         raise PolicyRejected(f"no built-in policies named {', '.join(sorted(overrides))}")

@@ -139,6 +139,13 @@ class Engine:
         columns: dict[str, np.ndarray], out: EngineOutput,
     ) -> None:
         spec, rows = policy.spec, len(events)
+        # A feature event carries the features its input batch updated. One that carries
+        # none of this policy's features says nothing about it: its state (a ``for:``
+        # timer, a stage, a hold) stays as it was instead of being reset by a row whose
+        # condition is an error for want of data.
+        informed = np.zeros(rows, dtype=bool)
+        for name in policy.feature_names:
+            informed |= ~np.isnan(columns[name])
         scoped = {**columns, **{k: np.full(rows, v) for k, v in spec.params.items()}}
         enter = policy.enter.holds(scoped, rows)
         exit_ = policy.exit.holds(scoped, rows) if policy.exit is not None else ~enter
@@ -150,6 +157,8 @@ class Engine:
         prefix = f"{spec.name}|"
         states = self.states
         for row, event in enumerate(events):
+            if not informed[row]:
+                continue
             key = prefix + targets[row]
             if not enter[row] and key not in states:
                 continue

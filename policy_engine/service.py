@@ -28,7 +28,8 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
     key = settings.signing_key_bytes()
     registry = PolicyRegistry(key)
     decisions: list[PolicyDecision] = []
-    for policy in load_builtin_policies(key, settings.policy_params):
+    for policy in load_builtin_policies(key, settings.policy_params,
+                                        dry_run=settings.policy_dry_run):
         record = registry.install(policy)
         if record is not None:
             decisions.append(record)

@@ -77,6 +77,19 @@ def test_builtin_policy_fires_on_its_trigger_and_not_when_healthy(name: str) -> 
     assert not [c for c in quiet.output.commands if c.policy_name == name], name
 
 
+def test_events_without_a_policys_features_leave_its_for_timer_running() -> None:
+    # Feature events carry what their batch updated: sync features in some, episode
+    # features in others. The breaker's 10 s `for:` must still see 10 s of slow syncs.
+    slow_syncs = trace({"grad_sync_latency_p95_ms": 120.0, "grad_sync_bytes_per_s": 50e6},
+                       30, step_s=2)
+    episodes_only = trace({"reward_episodes": 20.0, "episode_same_end_streak": 1.0}, 30,
+                          step_s=2, start_ms=1_000_000 + 1000)
+    interleaved = sorted(slow_syncs + episodes_only, key=lambda e: e.event_time_ms)
+    result = replay(_pack("bandwidth-latency-breaker"), interleaved)
+    fired = _acted(result.output.decisions, "bandwidth-latency-breaker")
+    assert fired and fired[0].event_time_ms - 1_000_000 >= 10_000
+
+
 def test_breaker_walks_up_three_stages_and_back_down() -> None:
     over = trace({**HEALTHY, "grad_sync_latency_p95_ms": 120.0}, 200)
     calm = trace(HEALTHY, 400, start_ms=1_000_000 + 200_000)

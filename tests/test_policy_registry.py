@@ -87,6 +87,13 @@ def test_builtin_pack_is_signed_with_the_installation_key_and_overridable() -> N
         load_builtin_policies(KEY, {"bandwidth-latency-breaker": {"nope": 1}})
 
 
+def test_builtin_pack_in_dry_run_is_signed_and_shadowed() -> None:
+    pack = load_builtin_policies(KEY, dry_run=True)
+    registry = PolicyRegistry(KEY)
+    assert all(p.dry_run for p in pack)
+    assert all("dry-run" in registry.install(p).detail for p in pack)
+
+
 def test_policy_json_schema_for_editors_is_current() -> None:
     shipped = Path(__file__).parents[1] / "policy_engine" / "policy.schema.json"
     assert json.loads(shipped.read_text()) == PolicySpec.model_json_schema()

@@ -1,0 +1,127 @@
+"""The goodput experiment as one self-contained HTML page, and seeds combined."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+
+from dsec.report import svg_chart
+
+NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
+           "effective_training_time_ratio", "steps", "gpu_utilisation", "final_mean_return")
+ARMS = ("baseline", "dsec")
+
+
+def combine_seeds(runs: list[dict]) -> dict:
+    """Means over seeds of each arm's numbers, with each seed's own beside them."""
+    combined: dict = {"per_seed": runs}
+    for arm in ARMS:
+        arm_out: dict = {}
+        for name in NUMERIC:
+            values = [r[arm][name] for r in runs if r[arm].get(name) is not None]
+            arm_out[name] = round(float(np.mean(values)), 4) if values else None
+            arm_out[f"{name}_by_seed"] = [r[arm].get(name) for r in runs]
+        curves = [r[arm]["return_curve"] for r in runs]
+        arm_out["return_curve"] = [
+            round(float(np.mean([c[i] for c in curves if c[i] is not None])), 2)
+            if any(c[i] is not None for c in curves) else None
+            for i in range(len(curves[0]))
+        ]
+        combined[arm] = arm_out
+    combined["run"] = {**runs[0]["run"], "seeds": [r["run"]["seed"] for r in runs]}
+    return combined
+
+
+def _curve_chart(curve: list[float | None]) -> str:
+    values = [v if v is not None else 0.0 for v in curve]
+    return svg_chart("line", [str(i) for i in range(len(values))], values, width=440, height=180)
+
+
+def _timeline_svg(actions: list[dict], exits: list[dict], workers: int, duration_s: float,
+                  width: int = 900) -> str:
+    """Per-worker rows: actions applied (ticks), deaths (red crosses)."""
+    row_h, pad = 18, 60
+    height = row_h * workers + 30
+    colours = {"snapshot": "#4878a8", "memory_cap": "#2a9d4b", "precision": "#d08c00",
+               "grad_compression": "#8e44ad", "grad_accumulation": "#c0392b",
+               "sampler": "#555", "sync_priority": "#16a085"}
+
+    def x_of(t: float) -> float:
+        return pad + max(0.0, min(t, duration_s)) / duration_s * (width - pad - 10)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    for w in range(workers):
+        y = 10 + w * row_h
+        parts.append(f'<text x="2" y="{y + 12}" font-size="11">worker {w}</text>'
+                     f'<line x1="{pad}" y1="{y + 8}" x2="{width - 10}" y2="{y + 8}" '
+                     'stroke="#eee"/>')
+    for action in actions:
+        y = 10 + int(action["worker"]) * row_h
+        colour = colours.get(action["kind"], "#000")
+        parts.append(f'<rect x="{x_of(action["t"]):.1f}" y="{y + 2}" width="3" height="12" '
+                     f'fill="{colour}"><title>{html.escape(action["kind"])} at '
+                     f'{action["t"]:.1f} s</title></rect>')
+    for death in exits:
+        y = 10 + int(death["worker"]) * row_h
+        x = x_of(death["t"])
+        parts.append(f'<text x="{x - 4:.1f}" y="{y + 13}" font-size="13" fill="#c00">'
+                     f'&#x2716;<title>{html.escape(death["cause"])} at {death["t"]:.1f} s'
+                     '</title></text>')
+    parts.append(f'<text x="{pad}" y="{height - 4}" font-size="11">0 s</text>'
+                 f'<text x="{width - 60}" y="{height - 4}" font-size="11">'
+                 f'{duration_s:.0f} s</text></svg>')
+    legend = " ".join(f'<span style="color:{c}">&#9632; {k}</span>' for k, c in colours.items())
+    return "".join(parts) + f"<p style='font-size:12px'>{legend} " \
+        "<span style='color:#c00'>&#x2716; death</span></p>"
+
+
+def render_report(result: dict, runs: list[dict]) -> str:
+    run = result["run"]
+    rows = "".join(
+        f"<tr><td>{name}</td><td>{html.escape(str(result['baseline'].get(name)))}</td>"
+        f"<td>{html.escape(str(result['dsec'].get(name)))}</td></tr>" for name in NUMERIC)
+    causes = "".join(
+        f"<tr><td>{arm}</td><td>{html.escape(str(r[arm].get('causes')))}</td>"
+        f"<td>{html.escape(str(r[arm].get('actions')))}</td>"
+        f"<td>{html.escape(str(r[arm].get('policy_decisions')))}</td></tr>"
+        for r in runs for arm in ARMS)
+    curves = "".join(
+        f"<div style='display:inline-block;margin-right:1em'><h3>{arm}</h3>"
+        f"{_curve_chart(result[arm]['return_curve'])}</div>" for arm in ARMS)
+    timelines = []
+    for r in runs:
+        for arm in ARMS:
+            timelines.append(
+                f"<h3>{arm}, seed {r['run']['seed']}</h3>" + _timeline_svg(
+                    r[arm].get("action_timeline", []), r[arm].get("deaths", []),
+                    r["run"]["workers"], r["run"]["duration_s"]))
+    per_worker = "".join(
+        f"<tr><td>{arm}</td><td>{r['run']['seed']}</td><td>{w}</td>"
+        + "".join(f"<td>{v}</td>" for v in stats.values()) + "</tr>"
+        for r in runs for arm in ARMS for w, stats in r[arm].get("per_worker", {}).items())
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}"
+             "table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px}")
+    title = (f"goodput: {run['scenario']}, {run['workers']} workers, "
+             f"{run['duration_s']:.0f} s, seeds {run.get('seeds', [run['seed']])}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
+        "<p>Baseline: the same cluster, faults and seeds, with every dsec policy in dry run "
+        "(dsec observes only); a dead worker's group resumes from its last full checkpoint. "
+        "dsec: policies act; the group resumes from the newer of the checkpoint and the "
+        "latest dsec snapshot.</p>"
+        "<h2>Side by side</h2><table><tr><th>measure</th><th>baseline</th><th>dsec</th></tr>"
+        f"{rows}</table><h2>Return curves (mean episode return per twelfth of the run)</h2>"
+        f"{curves}<h2>Actuation timeline and deaths</h2>{''.join(timelines)}"
+        "<h2>Causes, actions applied, policy decisions</h2><table><tr><th>arm</th>"
+        f"<th>interruption causes</th><th>actions applied</th><th>decisions</th></tr>{causes}"
+        "</table><h2>Per worker</h2><table><tr><th>arm</th><th>seed</th><th>worker</th>"
+        "<th>interruptions</th><th>productive s</th><th>lost work s</th><th>updates kept</th>"
+        f"</tr>{per_worker}</table></body></html>")
+
+
+def write_report(path: Path, result: dict, runs: list[dict]) -> None:
+    path.write_text(render_report(result, runs))

@@ -1,0 +1,302 @@
+"""``dsec experiment goodput``: both arms on one broker, side by side, at the same time.
+
+Each arm has its own dsec stack (stream jobs and policy engine, own topic prefix) and N
+worker processes. Baseline: every policy in dry run, so dsec only observes. dsec: the
+policies act. The same scenario, schedule and seeds drive both. A supervisor restarts a
+dead worker in either arm the same way (a warm spare, after the scenario's restart delay);
+what differs is what the group resumes from (the last full checkpoint, or the newer dsec
+snapshot) and how often it has to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from dsec.experiment.faults import Scenario, fault_schedule
+from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
+from dsec.experiment.worker import Assignment
+
+ARMS = ("baseline", "dsec")
+SPARES_PER_ARM = 2
+WORKER_NICENESS = 10
+READY_TIMEOUT_S = 240.0
+
+
+class ExperimentError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class GoodputOptions:
+    workers: int = 8
+    duration_s: float = 120.0
+    workers_per_group: int = 2
+    seed: int = 0
+    bootstrap: str | None = None  # None: a broker of our own
+    run_dir: Path | None = None
+    signing_key: str = field(default_factory=lambda: os.urandom(16).hex())
+
+
+@dataclass
+class _Slot:
+    arm: str
+    index: int
+    process: subprocess.Popen
+    incarnation: int = 0
+    restart_at: float | None = None
+
+
+def _spawn_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    log = log_path.open("ab")
+    ready_dir = log_path.parent / "ready"
+    ready_dir.mkdir(exist_ok=True)
+    ready_file = ready_dir / f"{time.monotonic_ns()}"
+    # Workers run at a lower CPU priority than the dsec stacks, in both arms alike: on a
+    # real cluster the stream jobs and the policy engine have machines of their own and
+    # do not queue behind the trainers for CPU, as they would on one small host.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file)], env=env,
+        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: os.nice(WORKER_NICENESS))
+    process.ready_file = ready_file  # type: ignore[attr-defined]
+    return process
+
+
+def _wait_ready(processes: list[subprocess.Popen], deadline: float) -> None:
+    """Until every process has imported and warmed up (a loaded machine takes a while)."""
+    while not all(p.ready_file.exists() for p in processes):  # type: ignore[attr-defined]
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            raise ExperimentError("workers did not get ready; see the worker logs")
+        time.sleep(0.2)
+
+
+def _assign(process: subprocess.Popen, assignment: Assignment) -> None:
+    assert process.stdin is not None
+    process.stdin.write((json.dumps(asdict(assignment)) + "\n").encode())
+    process.stdin.flush()
+
+
+def _arm_env(bootstrap: str, prefix: str, data_dir: Path, key: str, job_id: str,
+             dry_run: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSEC_")}
+    env.update({
+        "DSEC_BOOTSTRAP": bootstrap, "DSEC_TOPIC_PREFIX": prefix,
+        "DSEC_DATA_DIR": str(data_dir), "DSEC_SIGNING_KEY": key, "DSEC_JOB_ID": job_id,
+        "DSEC_ACTUATOR_CHANNEL": "kafka", "DSEC_POLICY_DRY_RUN": "1" if dry_run else "0",
+        "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None:
+    """The periodic snapshot at the experiment's period: a newer version of the built-in,
+    published on the policies topic like any custom policy."""
+    from dsec.policy_engine.builtin import load_builtin_policies
+    from dsec.policy_engine.policy_log import publish_policy
+    from dsec.schemas import sign
+
+    builtin = {p.name: p for p in load_builtin_policies()}["periodic-snapshot"]
+    spec = builtin.model_copy(update={"version": builtin.version + 1,
+                                      "cooldown_s": float(interval_s), "dry_run": dry_run,
+                                      "signature": None})
+    publish_policy(settings, sign(spec, settings.signing_key_bytes()))
+
+
+def _count_decisions(settings) -> dict[str, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from dsec.kafka_clients import consumer_config
+    from dsec.schemas import PolicyDecision, decode, topic_names
+
+    topic = topic_names(settings.topic_prefix).decisions
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}-experiment-count",
+                                        **{"enable.auto.commit": False}))
+    counts: dict[str, int] = {}
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
+        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=30)[1]
+                for p in partitions}
+        consumer.assign(partitions)
+        done = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 30
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            decision = decode(message.value(), PolicyDecision)
+            kind = decision.decision.value
+            if kind not in ("policy_accepted", "policy_deleted", "policy_rejected"):
+                name = f"{decision.policy_name}:{kind}"
+                counts[name] = counts.get(name, 0) + 1
+            if message.offset() + 1 >= ends[message.partition()]:
+                done.add(message.partition())
+    finally:
+        consumer.close()
+    return counts
+
+
+def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
+    """Runs both arms at once; returns ``{"baseline": {...}, "dsec": {...}, ...}``."""
+    import torch.distributed as dist
+
+    from dsec.infra.kafka_local import LocalKafka
+    from dsec.infra.stack import read_stack_state
+    from dsec.infra.topics import ensure_topics
+    from dsec.settings import DsecSettings
+
+    run_dir = Path(options.run_dir or tempfile.mkdtemp(prefix="dsec-goodput-")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started_s = time.monotonic()
+    run_id = f"goodput-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    kafka = None
+    stacks: list[subprocess.Popen] = []
+    processes: list[subprocess.Popen] = []
+    try:
+        bootstrap = options.bootstrap
+        if bootstrap is None:
+            kafka = LocalKafka(data_dir=run_dir / "kafka")
+            bootstrap = kafka.start()
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=60))
+        groups = -(-options.workers // options.workers_per_group)
+        envs: dict[str, dict[str, str]] = {}
+        settings_by_arm = {}
+        for arm in ARMS:
+            arm_dir = run_dir / arm
+            arm_dir.mkdir(parents=True, exist_ok=True)
+            prefix = f"{run_id.replace('goodput-', 'gp')}-{arm}"
+            env = _arm_env(bootstrap, prefix, arm_dir / "dsec-data", options.signing_key,
+                           f"{run_id}-{arm}", dry_run=arm == "baseline")
+            envs[arm] = env
+            settings = DsecSettings(bootstrap=bootstrap, topic_prefix=prefix,
+                                    data_dir=arm_dir / "dsec-data",
+                                    signing_key=options.signing_key)
+            settings_by_arm[arm] = settings
+            ensure_topics(settings)
+            _publish_snapshot_period(settings, scenario.snapshot_interval_s,
+                                     dry_run=arm == "baseline")
+            log = (arm_dir / "stack.log").open("wb")
+            stacks.append(subprocess.Popen(
+                [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap,
+                 "--services", "stream-jobs,policy-engine"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            for group in range(groups):
+                store.add(f"{arm}/group-{group}/gen", 0)
+        plan_path = run_dir / "plan.json"
+        schedule = fault_schedule(scenario, options.workers, options.duration_s, options.seed)
+        plan_path.write_text(json.dumps({
+            "scenario": scenario.model_dump(mode="json"),
+            "schedule": [e.to_json() for e in schedule],
+        }))
+        slots: list[_Slot] = []
+        spares: dict[str, list[subprocess.Popen]] = {arm: [] for arm in ARMS}
+        for arm in ARMS:
+            for index in range(options.workers):
+                process = _spawn_worker(envs[arm], run_dir / arm / f"worker-{index:03d}.log")
+                processes.append(process)
+                slots.append(_Slot(arm, index, process))
+            for _ in range(SPARES_PER_ARM):
+                spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log")
+                processes.append(spare)
+                spares[arm].append(spare)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for arm_dir, stack in zip((run_dir / arm / "dsec-data" for arm in ARMS), stacks,
+                                  strict=True):
+            while read_stack_state(arm_dir) is None:
+                if stack.poll() is not None or time.monotonic() > deadline:
+                    raise ExperimentError(f"a dsec stack did not start; see {arm_dir.parent}")
+                time.sleep(0.2)
+        _wait_ready([slot.process for slot in slots]
+                    + [spare for arm in ARMS for spare in spares[arm]], deadline)
+        t0 = time.time() + 1.0
+        end_at = t0 + options.duration_s
+
+        def assignment(slot: _Slot) -> Assignment:
+            return Assignment(
+                arm=slot.arm, slot=slot.index, group=slot.index // options.workers_per_group,
+                rank=slot.index % options.workers_per_group,
+                group_size=min(options.workers_per_group,
+                               options.workers - (slot.index // options.workers_per_group)
+                               * options.workers_per_group),
+                node_id=f"node-{slot.index // options.workers_per_group:02d}",
+                store_port=store.port, run_dir=str(run_dir), scenario_file=str(plan_path),
+                t0=t0, end_at=end_at, seed=options.seed, incarnation=slot.incarnation,
+                job_id=f"{run_id}-{slot.arm}")
+
+        for slot in slots:
+            _assign(slot.process, assignment(slot))
+        exits: list[dict] = []
+        while time.time() < end_at:
+            now = time.time()
+            for slot in slots:
+                if slot.restart_at is not None:
+                    if now >= slot.restart_at:
+                        spare = spares[slot.arm].pop(0)
+                        slot.process, slot.restart_at = spare, None
+                        _assign(spare, assignment(slot))
+                        replacement = _spawn_worker(envs[slot.arm],
+                                                    run_dir / slot.arm / "spare.log")
+                        processes.append(replacement)
+                        spares[slot.arm].append(replacement)
+                    continue
+                code = slot.process.poll()
+                if code is None:
+                    continue
+                exits.append({"arm": slot.arm, "slot": slot.index, "t": now, "code": code,
+                              "incarnation": slot.incarnation})
+                store.add(f"{slot.arm}/group-{slot.index // options.workers_per_group}/gen", 1)
+                slot.incarnation += 1
+                slot.restart_at = now + scenario.restart_delay_s
+            time.sleep(0.05)
+        for slot in slots:  # workers stop at end_at by themselves
+            try:
+                slot.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                slot.process.kill()
+        for arm in ARMS:
+            for spare in spares[arm]:
+                if spare.stdin is not None:
+                    spare.stdin.close()
+        decisions = {arm: _count_decisions(settings_by_arm[arm]) for arm in ARMS}
+        (run_dir / "exits.json").write_text(json.dumps(exits))
+        result: dict = {}
+        for arm in ARMS:
+            timelines = read_timelines(run_dir / arm)
+            arm_result: ArmResult = measure_arm(timelines, t0, end_at)
+            result[arm] = {**arm_result.to_json(), "policy_decisions": decisions[arm]}
+        result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
+                         "duration_s": options.duration_s, "seed": options.seed,
+                         "run_dir": str(run_dir), "faults": len(schedule),
+                         "wall_s": round(time.monotonic() - started_s, 1)}
+        (run_dir / "result.json").write_text(json.dumps(result))
+        return result
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        for stack in stacks:
+            _stop(stack)
+        if kafka is not None:
+            kafka.stop()
+            shutil.rmtree(run_dir / "kafka", ignore_errors=True)
