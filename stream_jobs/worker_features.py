@@ -2,7 +2,7 @@
 and GPU-profile contributions that follow.
 
 The state is a JSON-able dict (it lives in a Faust table); ``update`` is pure: state and
-one batch's frames in, new state and outputs out. It remembers the last source offset it
+one batch's frames in, new state and outputs out. It remembers the source offsets it
 consumed, so an event replayed after a crash is recognised and not counted twice.
 """
 
@@ -56,9 +56,31 @@ def _tail(values: list, new: np.ndarray | list, capacity: int) -> list:
     return combined[-capacity:]
 
 
+# How many of a worker's source offsets per partition the state remembers.
+RECENT_OFFSETS = 64
+
+
 def already_seen(state: State, partition: int, offset: int) -> bool:
-    seen = state.get("offsets", {}).get(str(partition))
-    return seen is not None and offset <= seen
+    """Whether this worker's state already holds the event at ``offset``.
+
+    A window of the last offsets rather than a high-water mark: after a rebalance a
+    consumer can be handed one prefetched event ahead of its committed position before it
+    reads on from that position, and the events in between must still count. Below a full
+    window everything counts as seen (a replay reaches back only to the last commit).
+    """
+    recent = state.get("recent_offsets", {}).get(str(partition))
+    if recent is None:  # a state written before the window: its high-water mark
+        seen = state.get("offsets", {}).get(str(partition))
+        return seen is not None and offset <= seen
+    return offset in recent or (len(recent) >= RECENT_OFFSETS and offset < recent[0])
+
+
+def _remember(state: State, partition: int, offset: int) -> None:
+    windows = state.get("recent_offsets", {})
+    legacy = state.get("offsets", {}).get(str(partition))
+    recent = windows.get(str(partition), [] if legacy is None else [legacy])
+    state["recent_offsets"] = {
+        **windows, str(partition): sorted({*recent, offset})[-RECENT_OFFSETS:]}
 
 
 def update(
@@ -72,7 +94,7 @@ def update(
     if already_seen(state, partition, offset):
         return Update(state=state, skipped=True)
     state = dict(state)
-    state["offsets"] = {**state.get("offsets", {}), str(partition): offset}
+    _remember(state, partition, offset)
     out = Update(state=state)
     if "episode" in frames:
         _episodes(state, frames["episode"], config, out.features)

@@ -66,6 +66,33 @@ def test_replayed_event_is_not_counted_twice() -> None:
     assert len(first.state["rewards"]) == 10
 
 
+def test_an_event_handed_over_ahead_of_its_turn_does_not_hide_the_ones_before_it() -> None:
+    # After a rebalance a consumer may get one prefetched event (offset 50) before it
+    # reads on from its committed position (offset 42): 42..49 still count, 50 once.
+    batch = reward_variance_jump(TraceIdentity(), jump_at_episode=5, episodes=10)[0]
+    frames = batch_frames(batch)
+    state = worker_features.update({}, frames, 3, 41, 0, CONFIG).state
+    state = worker_features.update(state, frames, 3, 50, 0, CONFIG).state
+    for offset in (42, 45, 49):
+        step = worker_features.update(state, frames, 3, offset, 0, CONFIG)
+        assert not step.skipped
+        state = step.state
+    assert worker_features.update(state, frames, 3, 50, 0, CONFIG).skipped
+    assert worker_features.update(state, frames, 3, 45, 0, CONFIG).skipped
+
+
+def test_offsets_below_a_full_window_count_as_seen() -> None:
+    state: dict = {}
+    frames = batch_frames(grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0])
+    for offset in range(100, 100 + 2 * (worker_features.RECENT_OFFSETS + 8), 2):
+        state = worker_features.update(state, frames, 0, offset, 0, CONFIG).state
+    assert worker_features.update(state, frames, 0, 101, 0, CONFIG).skipped
+    assert not worker_features.update(state, frames, 0, 227, 0, CONFIG).skipped
+    legacy = {"offsets": {"0": 70}}  # a state from before the window
+    assert worker_features.update(legacy, frames, 0, 70, 0, CONFIG).skipped
+    assert not worker_features.update(legacy, frames, 0, 71, 0, CONFIG).skipped
+
+
 def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
     state = worker_features.update({}, batch_frames(batch), 0, 0, 10_000, CONFIG).state
