@@ -13,6 +13,8 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
 from dsec.settings import DsecSettings
 
+log = logging.getLogger(__name__)
+
 
 class _IdempotentProducer(aiokafka_driver.Producer):
     def _settings_extra(self) -> dict[str, Any]:
@@ -76,7 +78,12 @@ async def durable_batches(
         batch = list(events)
         for event in batch:
             event.message.incref()
-        yield batch
+        try:
+            yield batch
+        except GeneratorExit:
+            log.warning("a batch of %d events was abandoned unfinished; its offsets stay "
+                        "uncommitted until the partition is read again", len(batch))
+            raise
         for event in batch:
             event.message.decref()
 

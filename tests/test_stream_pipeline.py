@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from helpers import partitions_held, start_stack, stop_stack, wait_for
 
 from dsec.history import query
@@ -41,10 +42,23 @@ def _publish(settings: DsecSettings, batches) -> None:
     assert producer.flush(30) == 0 and counters.published == len(batches)
 
 
+def lag_by_partition(config: dict, topic: str) -> dict[int, tuple[int, int]]:
+    """partition → (committed offset, end offset) of a group, to say where it is stuck."""
+    probe = Consumer({**config, "enable.auto.commit": False})
+    try:
+        count = len(probe.list_topics(topic, timeout=10).topics[topic].partitions)
+        committed = probe.committed([TopicPartition(topic, p) for p in range(count)], 10)
+        return {tp.partition: (tp.offset, probe.get_watermark_offsets(tp, timeout=10)[1])
+                for tp in committed}
+    finally:
+        probe.close()
+
+
 def _drained(settings: DsecSettings, services: frozenset[str] = frozenset(SERVICES)) -> None:
     topics = topic_names(settings.topic_prefix)
     stream = consumer_config(settings, stream_group(settings, services - {"sink"} or services))
-    assert wait_until_drained(stream, [topics.metrics], 120)
+    assert wait_until_drained(stream, [topics.metrics], 120), lag_by_partition(
+        stream, topics.metrics)
     sink = consumer_config(settings, sink_group(settings))
     assert wait_until_drained(sink, [topics.metrics, topics.features, topics.gpu_profiles], 120)
 
