@@ -35,7 +35,6 @@ from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, decode, encode
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs.faust_app import durable_batches
 from dsec.stream_jobs.metrics_job import dead_letter_for
 
 log = logging.getLogger(__name__)
@@ -208,8 +207,8 @@ def register_policy_engine(
 
     @app.agent(features, name="policy-engine")
     async def policy_engine(stream: faust.StreamT) -> None:
-        async for batch in durable_batches(stream, options.batch_max_events,
-                                           options.batch_within_s):
+        async for batch in stream.take_events(options.batch_max_events,
+                                              within=options.batch_within_s):
             good: list[FeatureEvent] = []
             states.events.clear()
             knobs.events.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import faust
@@ -12,8 +12,6 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
 from dsec.settings import DsecSettings
-
-log = logging.getLogger(__name__)
 
 
 class _IdempotentProducer(aiokafka_driver.Producer):
@@ -63,29 +61,6 @@ def _credentials(settings: DsecSettings) -> faust.types.auth.CredentialsT | None
         mechanism=settings.kafka_sasl_mechanism or "PLAIN",
         ssl_context=ssl_context,
     )
-
-
-async def durable_batches(
-    stream: faust.StreamT, max_events: int, within_s: float
-) -> AsyncIterator[list[faust.EventT]]:
-    """``stream.take_events``, with offsets acknowledged only after the loop body has
-    finished with the batch. ``take_events`` acknowledges a batch in a ``finally``, so a
-    batch whose processing raised or was cancelled would be committed without its
-    outputs; here each message carries one more reference, released only when the body
-    returns, so such a batch stays uncommitted and is read again after a restart or a
-    rebalance."""
-    async for events in stream.take_events(max_events, within=within_s):
-        batch = list(events)
-        for event in batch:
-            event.message.incref()
-        try:
-            yield batch
-        except GeneratorExit:
-            log.warning("a batch of %d events was abandoned unfinished; its offsets stay "
-                        "uncommitted until the partition is read again", len(batch))
-            raise
-        for event in batch:
-            event.message.decref()
 
 
 def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> DsecFaustApp:

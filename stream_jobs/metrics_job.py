@@ -4,8 +4,9 @@ features and per-GPU profile contributions, and publish them.
 The agent takes events in batches and only routes and keeps state; the statistics
 live in ``stats`` and ``worker_features`` as pure functions. Per-worker state is a
 Faust table keyed like the metrics topic (by worker), so a restarted or rebalanced
-stream worker resumes from it. Input offsets are acknowledged only once every output
-of the batch is delivered.
+stream worker resumes from it. A batch's input offsets are acknowledged after every
+output of the batch is delivered; Faust's ``take_events`` acknowledges in a ``finally``,
+so a batch whose processing raises is acknowledged too (a known gap).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import worker_features
 from dsec.stream_jobs.fast_decode import decode_metric_batch
-from dsec.stream_jobs.faust_app import durable_batches
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -242,8 +242,8 @@ def register_metrics_job(
     @app.agent(metrics, name="metrics-job")
     async def metrics_job(stream: faust.StreamT) -> None:
         await changelog_metadata()
-        async for events in durable_batches(stream, batch_max_messages, batch_within_s):
-            await process(events)
+        async for events in stream.take_events(batch_max_messages, within=batch_within_s):
+            await process(list(events))
 
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
