@@ -9,6 +9,8 @@ from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
 from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
 from dsec.settings import DsecSettings
@@ -23,7 +25,30 @@ class _Transport(aiokafka_driver.Transport):
     Producer = _IdempotentProducer
 
 
+class ResumeKeepsBuffers(FlowControlEvent):
+    """Faust's flow control, except that resuming flow that is already on keeps the stream
+    buffers.
+
+    Faust empties every stream buffer whenever flow is resumed, and after a rebalance the
+    table recovery resumes it twice: once when recovery starts reading, and again after the
+    final seek to the committed offsets. Messages fetched in between sit in the buffers; the
+    second resume dropped them without an acknowledgement, while the consumer's read
+    offsets had already moved past them, so they were never fetched again and that
+    partition's commits stopped at the first of them for good. Buffers are emptied only
+    when flow comes back from a suspension (a revocation), when what they hold belongs to
+    the assignment before."""
+
+    def resume(self) -> None:
+        if self.is_active():
+            return
+        super().resume()
+
+
 class DsecFaustApp(faust.App):
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        return ResumeKeepsBuffers(loop=self.loop)
+
     def _new_transport(self) -> _Transport:
         return _Transport(self.conf.broker_consumer, self)
 
@@ -103,6 +128,7 @@ def watch_faust_app(
     lag = metrics.gauge(CONSUMER_LAG)
     ticks: dict[str, float] = {}
     reported: set[tuple[str, str, str]] = set()
+    commit_seen: dict[Any, tuple[int | None, float]] = {}
 
     def refresh_lag() -> None:
         consumer = app.consumer
@@ -117,6 +143,7 @@ def watch_faust_app(
                 continue
             done = committed.get(tp)
             current[(service, tp.topic, str(tp.partition))] = max(end - (done or 0), 0)
+            _watch_commit(consumer, tp, done, end, commit_seen, silent_after_s)
         for labels in reported - current.keys():
             lag.remove(*labels)  # a partition this worker no longer holds
         for labels, value in current.items():
@@ -147,3 +174,29 @@ def watch_faust_app(
         return None
 
     metrics.add_health_check("faust-worker", healthy)
+
+
+def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
+                  seen: dict[Any, tuple[int | None, float]], stalled_after_s: float) -> None:
+    """Log a partition whose committed offset has not moved for ``stalled_after_s`` while
+    messages are waiting behind it, with the consumer's bookkeeping for it."""
+    now = time.monotonic()
+    last = seen.get(tp)
+    if last is None or last[0] != committed or end <= (committed or 0):
+        seen[tp] = (committed, now)
+        return
+    if now - last[1] < stalled_after_s:
+        return
+    seen[tp] = (committed, now)
+    acked = sorted(getattr(consumer, "_acked", {}).get(tp) or [])
+    in_flight = sorted(m.offset for m in list(getattr(consumer, "_unacked_messages", ()))
+                       if m.tp == tp)
+    gap = getattr(consumer, "_gap", {}).get(tp)
+    logging.getLogger(__name__).warning(
+        "commits on %s:%s stalled at %s for %.0f s with the end at %s: read offset %s, "
+        "%d acked (%s..%s), %d in flight (%s..%s), gap %s, paused %s",
+        tp.topic, tp.partition, committed, now - last[1], end,
+        getattr(consumer, "_read_offset", {}).get(tp), len(acked),
+        acked[0] if acked else None, acked[-1] if acked else None, len(in_flight),
+        in_flight[0] if in_flight else None, in_flight[-1] if in_flight else None,
+        sorted(gap) if gap else None, tp in getattr(consumer, "_paused_partitions", ()))
