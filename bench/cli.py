@@ -44,6 +44,33 @@ def pipeline(
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
 
 
+@bench_app.command("reaction")
+def reaction(
+    trials: Annotated[int, typer.Option(min=1, help="Measured trials.")] = 30,
+    warmup_trials: Annotated[int, typer.Option(
+        min=1, help="Trials first, not counted, that wait out the stack's start.")] = 1,
+    trial_timeout_s: Annotated[float, typer.Option(
+        min=1.0, help="A trial not applied by then counts as missed.")] = 10.0,
+    step_interval_ms: Annotated[float, typer.Option(
+        min=1.0, help="The worker's step time: commands apply at step boundaries.")] = 10.0,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A metric sample over a policy's threshold to the command applied in the worker."""
+    from dsec.bench.reaction import ReactionBenchError, ReactionBenchOptions, run_reaction_bench
+
+    options = ReactionBenchOptions(trials=trials, warmup_trials=warmup_trials,
+                                   trial_timeout_s=trial_timeout_s,
+                                   step_interval_ms=step_interval_ms, bootstrap=bootstrap)
+    try:
+        result = run_reaction_bench(options)
+    except ReactionBenchError as exc:
+        typer.echo(f"dsec bench reaction failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    _print(result, as_json, "dsec bench reaction")
+
+
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 bench_app.command("probe-overhead")(probe_overhead)
+
