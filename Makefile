@@ -29,13 +29,12 @@ demo: setup
 up: setup
 	$(BIN)/dsec up
 
-# Every benchmark, one JSON line each: probe on vs off, pipeline vs bare consumer,
-# snapshot vs torch.save, vectorised vs cel-python policy evaluation (~10 min).
+# Every benchmark and the goodput experiment at a short setting (smoke, 2 workers, 40 s),
+# one JSON object with all figures: probe on vs off, pipeline vs bare consumer, snapshot vs
+# torch.save, vectorised vs cel-python policy evaluation, the reaction time from a metric
+# sample to the command applied in the worker, goodput with and without dsec (~3 min).
 bench: setup
-	$(BIN)/dsec bench probe-overhead --json
-	$(BIN)/dsec bench pipeline --json
-	$(BIN)/dsec bench snapshot --json
-	$(BIN)/dsec bench policy-eval --json
+	$(BIN)/dsec bench all --json
 
 lint: setup
 	$(BIN)/ruff check .

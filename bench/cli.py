@@ -44,6 +44,68 @@ def pipeline(
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
 
 
+@bench_app.command("reaction")
+def reaction(
+    trials: Annotated[int, typer.Option(min=1, help="Measured trials.")] = 30,
+    warmup_trials: Annotated[int, typer.Option(
+        min=1, help="Trials first, not counted, that wait out the stack's start.")] = 1,
+    trial_timeout_s: Annotated[float, typer.Option(
+        min=1.0, help="A trial not applied by then counts as missed.")] = 10.0,
+    step_interval_ms: Annotated[float, typer.Option(
+        min=1.0, help="The worker's step time: commands apply at step boundaries.")] = 10.0,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A metric sample over a policy's threshold to the command applied in the worker."""
+    from dsec.bench.reaction import ReactionBenchError, ReactionBenchOptions, run_reaction_bench
+
+    options = ReactionBenchOptions(trials=trials, warmup_trials=warmup_trials,
+                                   trial_timeout_s=trial_timeout_s,
+                                   step_interval_ms=step_interval_ms, bootstrap=bootstrap)
+    try:
+        result = run_reaction_bench(options)
+    except ReactionBenchError as exc:
+        typer.echo(f"dsec bench reaction failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    _print(result, as_json, "dsec bench reaction")
+
+
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 bench_app.command("probe-overhead")(probe_overhead)
+
+
+@bench_app.command("all")
+def all_benchmarks(
+    parts: Annotated[str | None, typer.Option(
+        help="Comma-separated, of probe_overhead, pipeline, snapshot, policy_eval, reaction, "
+             "goodput (default: all).")] = None,
+    probe_block_pairs: Annotated[int, typer.Option(min=1)] = 150,
+    pipeline_samples: Annotated[int, typer.Option(min=10_000)] = 2_000_000,
+    snapshot_steps: Annotated[int, typer.Option(min=4)] = 24,
+    policy_targets: Annotated[int, typer.Option(min=1)] = 10_000,
+    reaction_trials: Annotated[int, typer.Option(min=1)] = 30,
+    goodput_scenario: Annotated[str, typer.Option()] = "smoke",
+    goodput_workers: Annotated[int, typer.Option(min=1)] = 2,
+    goodput_duration_s: Annotated[float, typer.Option(min=10.0)] = 40.0,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Every benchmark and a short goodput experiment: one object with all figures."""
+    from dsec.bench.suite import PARTS, SuiteOptions, run_suite
+
+    chosen = PARTS if parts is None else tuple(p.strip() for p in parts.split(",") if p.strip())
+    try:
+        options = SuiteOptions(
+            parts=chosen, probe_block_pairs=probe_block_pairs, pipeline_samples=pipeline_samples,
+            snapshot_steps=snapshot_steps, policy_targets=policy_targets,
+            reaction_trials=reaction_trials, goodput_scenario=goodput_scenario,
+            goodput_workers=goodput_workers, goodput_duration_s=goodput_duration_s,
+            bootstrap=bootstrap)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    result = run_suite(options)
+    print(json.dumps(result) if as_json else json.dumps(result, indent=2))
+    if result["run"]["failed"]:
+        raise typer.Exit(1)

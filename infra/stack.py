@@ -114,7 +114,7 @@ def _start_sink_process(
     deadline = time.monotonic() + timeout_s
     while read_stack_state(data_dir) is None:
         if process.poll() is not None or time.monotonic() > deadline:
-            _stop_process(process)
+            stop_process(process)
             raise RuntimeError("the ClickHouse sink process did not start")
         time.sleep(0.1)
 
@@ -142,7 +142,7 @@ def _record_metrics_endpoints(data_dir: Path, endpoints: dict[str, str]) -> None
     _write_state(data_dir, state)
 
 
-def _stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         try:
@@ -234,7 +234,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     finally:
         stopping.set()
         if sink_process is not None:
-            _stop_process(sink_process)
+            stop_process(sink_process)
         if state_path is not None:
             state_path.unlink(missing_ok=True)
         if query_server is not None:

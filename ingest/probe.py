@@ -176,8 +176,12 @@ class Probe:
 
         A sample is recorded every ``step_sample_every_n_steps`` steps and on every step whose
         gradient norm is computed; other steps only count (the hot path stays a few
-        microseconds). The sample's step time is the mean since the previous sample.
+        microseconds). The sample's step time is the mean since the previous sample. A
+        host-side loss is checked on every step, as ``note_loss`` does: a NaN/Inf makes the
+        step a sample.
         """
+        if loss is not None and nonfinite_on_host(loss):
+            self._force_sample = True
         step = self._global_step
         self._global_step = step + 1
         if not self._sampled(step):

@@ -138,3 +138,17 @@ def test_a_nonfinite_loss_between_samples_is_still_reported() -> None:
     assert steps[3].loss_nonfinite and steps[3].grad_norm is not None
     assert not steps[10].loss_nonfinite and steps[10].loss is not None
     probe.shutdown()
+
+
+def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_still_reported() -> None:
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    for step in range(12):
+        probe.record_step(loss=float("nan") if step == 3 else 0.5)  # dsec.report_step(loss)
+    probe.record_step(loss=torch.tensor(float("inf")))
+    probe._flush_once()
+    steps = {s.step: s for s in transport.samples("step")}
+    assert sorted(steps) == [0, 3, 10, 12]  # 3 and 12 were not due: their losses made them
+    assert steps[3].loss_nonfinite and steps[12].loss_nonfinite
+    assert not steps[10].loss_nonfinite and steps[10].loss == 0.5
+    probe.shutdown()
