@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import faust
 import numpy as np
+from faust.types import TP
 
 from dsec.observability.metrics import (
     EVENTS_DEAD_LETTERED,
@@ -145,6 +146,9 @@ def register_metrics_job(
     # with its events, and timers may update it outside any event.
     # Raw keys (the worker id's bytes, as on the metrics topic): the changelog partition
     # chosen by the partitioner is then the partition the worker's events are on.
+    # partition -> the highest source offset processed here: a worker is judged silent
+    # only where everything on its partition has been read.
+    processed_through: dict[int, int] = {}
     worker_state = app.Table(
         "worker-state", default=dict, partitions=None, key_type=bytes, use_partitioner=True
     )
@@ -171,6 +175,8 @@ def register_metrics_job(
         for event in events:
             counters.messages_in += 1
             message = event.message
+            if message.offset > processed_through.get(message.partition, -1):
+                processed_through[message.partition] = message.offset
             try:
                 decoded = decode_metric_batch(event.value)
             except DecodeError as exc:
@@ -195,6 +201,7 @@ def register_metrics_job(
                 recoveries.append(frames["recovery"]["recovery_time_s"])
             state = dict(result.state)
             state["identity"] = batch.identity.model_dump()
+            state["partition"] = message.partition
             states[worker] = state
             if result.features:
                 # One feature event per input message, with an id derived from it.
@@ -245,12 +252,23 @@ def register_metrics_job(
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
             await process(list(events))
 
+    def caught_up(partition: int | None) -> bool:
+        """Every message on the partition, up to its end as last fetched, is processed."""
+        if partition is None:
+            return False
+        try:
+            end = app.consumer.highwater(TP(topics.metrics, partition))
+        except Exception:  # not assigned here (any more)
+            return False
+        return end is not None and processed_through.get(partition, -1) >= end - 1
+
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
         wall_ms = int(time.time() * 1000)
         lost_workers = 0
         for key, state in list(worker_state.items()):
-            new_state, lost = worker_features.liveness(state, wall_ms, config)
+            new_state, lost = worker_features.liveness(
+                state, wall_ms, config, caught_up(state.get("partition")))
             if lost is None:
                 lost_workers += bool(state.get("lost"))
                 continue

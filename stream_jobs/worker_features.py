@@ -257,13 +257,17 @@ def _heartbeats(state: State, frame: Frame, now_ms: int, out: dict[str, float]) 
 
 
 def liveness(
-    state: State, now_ms: int, config: FeatureConfig
+    state: State, now_ms: int, config: FeatureConfig, caught_up: bool = True
 ) -> tuple[State, dict[str, float] | None]:
     """The worker is lost once silent for ``lost_after_intervals`` heartbeat intervals:
     returns the new state and the features to publish when that happens (else None).
-    The way back is the next heartbeat, handled by ``update``."""
+    The way back is the next heartbeat, handled by ``update``.
+
+    ``caught_up``: whether every message already on the worker's partition has been
+    processed. While some wait, silence is not the worker's (its heartbeats may be among
+    them): a stream job that falls behind does not declare its workers lost."""
     last = state.get("last_heartbeat_ms")
-    if last is None or state.get("lost"):
+    if last is None or state.get("lost") or not caught_up:
         return state, None
     age_s = (now_ms - last) / 1000.0
     if age_s <= config.lost_after_intervals * state.get("heartbeat_interval_s", 5.0):

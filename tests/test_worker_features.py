@@ -106,6 +106,15 @@ def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     assert back.features["worker_lost"] == 0.0 and back.state["lost"] is False
 
 
+def test_a_worker_is_not_lost_while_its_partition_has_unread_messages() -> None:
+    batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
+    state = worker_features.update({}, batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    behind, lost = worker_features.liveness(state, 30_000, CONFIG, caught_up=False)
+    assert lost is None and not behind.get("lost")
+    _, lost = worker_features.liveness(behind, 30_000, CONFIG, caught_up=True)
+    assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 20.0}
+
+
 def test_the_last_ending_is_tagged_for_alerts() -> None:
     from dsec.schemas import MetricBatch, MetricColumns
     from dsec.schemas.metrics import EpisodeColumns
