@@ -112,7 +112,9 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
     publish_policy(settings, sign(spec, settings.signing_key_bytes()))
 
 
-def _count_decisions(settings) -> dict[str, int]:
+def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
+    """The policy engine's decisions by ``policy:kind``, and when each decision to act
+    (fired, or dry run) was taken, in seconds from ``t0``, except the periodic snapshot's."""
     from confluent_kafka import Consumer, TopicPartition
 
     from dsec.kafka_clients import consumer_config
@@ -122,6 +124,7 @@ def _count_decisions(settings) -> dict[str, int]:
     consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}-experiment-count",
                                         **{"enable.auto.commit": False}))
     counts: dict[str, int] = {}
+    timeline: list[dict] = []
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]
         partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
@@ -139,11 +142,17 @@ def _count_decisions(settings) -> dict[str, int]:
             if kind not in ("policy_accepted", "policy_deleted", "policy_rejected"):
                 name = f"{decision.policy_name}:{kind}"
                 counts[name] = counts.get(name, 0) + 1
+                if kind in ("fired", "dry_run") and decision.policy_name != "periodic-snapshot":
+                    timeline.append({
+                        "t": round(decision.event_time_ms / 1000.0 - t0, 2),
+                        "policy": decision.policy_name, "decision": kind,
+                        "stage": decision.stage,
+                        "worker": decision.identity.worker_id if decision.identity else None})
             if message.offset() + 1 >= ends[message.partition()]:
                 done.add(message.partition())
     finally:
         consumer.close()
-    return counts
+    return counts, sorted(timeline, key=lambda entry: entry["t"])
 
 
 def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
@@ -278,13 +287,15 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             for spare in spares[arm]:
                 if spare.stdin is not None:
                     spare.stdin.close()
-        decisions = {arm: _count_decisions(settings_by_arm[arm]) for arm in ARMS}
+        decisions = {arm: _count_decisions(settings_by_arm[arm], t0) for arm in ARMS}
         (run_dir / "exits.json").write_text(json.dumps(exits))
         result: dict = {}
         for arm in ARMS:
             timelines = read_timelines(run_dir / arm)
             arm_result: ArmResult = measure_arm(timelines, t0, end_at)
-            result[arm] = {**arm_result.to_json(), "policy_decisions": decisions[arm]}
+            counts, decided = decisions[arm]
+            result[arm] = {**arm_result.to_json(), "policy_decisions": counts,
+                           "decision_timeline": decided}
         result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
                          "duration_s": options.duration_s, "seed": options.seed,
                          "run_dir": str(run_dir), "faults": len(schedule),
