@@ -188,3 +188,14 @@ def test_snapshot_bench_reports_every_field(tmp_path: Path) -> None:
                 "full_bytes", "incremental_bytes_mean", "size_ratio", "restore_ms"):
         assert result[key] >= 0, key
     assert result["snapshots"] == 3
+
+
+def test_snapshot_bench_headline_is_the_minimal_state_beside_the_full_one(tmp_path: Path) -> None:
+    from dsec.bench.snapshot import run_side_by_side
+
+    result = run_side_by_side(steps=6, snapshot_every_steps=2, directory=tmp_path, hidden=256)
+    assert result["quantised_weights"] and not result["optimizer_state"]
+    full = result["full_state_lossless"]
+    assert full["snapshots"] == result["snapshots"] == 3
+    # Without the moments and with int8 weights a snapshot is several times smaller.
+    assert result["incremental_bytes_mean"] * 4 < full["incremental_bytes_mean"]
