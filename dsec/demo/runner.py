@@ -14,7 +14,13 @@ from pathlib import Path
 
 from dsec.infra.clickhouse import connect
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import SERVICES, read_stack_state, sink_group, stream_group
+from dsec.infra.stack import (
+    SERVICES,
+    read_stack_state,
+    sink_group,
+    stop_process,
+    stream_group,
+)
 from dsec.infra.topics import ensure_topics
 from dsec.kafka_clients import consumer_config
 from dsec.schemas import topic_names
@@ -59,16 +65,6 @@ def _wait_for_stack(process: subprocess.Popen, data_dir: Path, timeout_s: float)
             return
         time.sleep(0.2)
     raise DemoError(f"the stack was not up after {timeout_s} s")
-
-
-def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def count_job_rows(settings: DsecSettings, job_id: str, since_s: float) -> dict[str, int]:
@@ -146,7 +142,7 @@ def run_demo(settings: DsecSettings, options: DemoOptions) -> dict:
                                      options.drain_timeout_s)
         drained = drained and wait_until_drained(
             consumer_config(settings, sink_group(settings)), all_topics, options.drain_timeout_s)
-        _stop(stack)
+        stop_process(stack)
         if stack.returncode not in (0, -signal.SIGINT):
             raise DemoError(f"the stack exited with {stack.returncode}; see {data_dir/'stack.log'}")
         stack = None
@@ -161,6 +157,6 @@ def run_demo(settings: DsecSettings, options: DemoOptions) -> dict:
             if process.poll() is None:
                 process.kill()
         if stack is not None:
-            _stop(stack)
+            stop_process(stack)
         kafka.stop()
         shutil.rmtree(kafka_dir, ignore_errors=True)

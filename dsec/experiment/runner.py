@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -155,22 +154,12 @@ def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
     return counts, sorted(timeline, key=lambda entry: entry["t"])
 
 
-def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     """Runs both arms at once; returns ``{"baseline": {...}, "dsec": {...}, ...}``."""
     import torch.distributed as dist
 
     from dsec.infra.kafka_local import LocalKafka
-    from dsec.infra.stack import read_stack_state
+    from dsec.infra.stack import read_stack_state, stop_process
     from dsec.infra.topics import ensure_topics
     from dsec.settings import DsecSettings
 
@@ -307,7 +296,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             if process.poll() is None:
                 process.kill()
         for stack in stacks:
-            _stop(stack)
+            stop_process(stack)
         if kafka is not None:
             kafka.stop()
             shutil.rmtree(run_dir / "kafka", ignore_errors=True)
