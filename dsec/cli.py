@@ -82,7 +82,8 @@ def init(
         typer.Option(min=1, help="Partitions of new non-compacted topics (bounds stream-job "
                                  "replicas); default each topic's own."),
     ] = None,
-    replication_factor: Annotated[int, typer.Option(min=1, help="Of new topics.")] = 1,
+    replication_factor: Annotated[int | None, typer.Option(
+        min=1, help="Of new topics; default DSEC_REPLICATION_FACTOR (1).")] = None,
     wait_s: Annotated[
         float, typer.Option(min=0.0, help="Keep retrying while Kafka or ClickHouse is away.")
     ] = 120.0,
@@ -96,7 +97,8 @@ def init(
     settings = _settings(bootstrap=bootstrap)
 
     def make_topics() -> str:
-        created = ensure_topics(settings, partitions, replication_factor,
+        created = ensure_topics(settings, partitions,
+                                replication_factor or settings.replication_factor,
                                 timeout_s=max(5.0, min(30.0, wait_s)))
         return (f"topics on {settings.bootstrap}: "
                 f"{'created ' + ', '.join(created) if created else 'all there'}")

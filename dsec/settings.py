@@ -23,6 +23,8 @@ class DsecSettings(BaseSettings):
     bootstrap: str = "127.0.0.1:9092"
     topic_prefix: str = Field(default="dsec", pattern=r"^[A-Za-z0-9_.\-]+$")
     job_id: str = "default"
+    # Of the topics dsec creates: `dsec init`'s and the stream jobs' table changelogs.
+    replication_factor: int = Field(default=1, ge=1, le=16)
     # this machine's name for the node actuator and the workers on it (default: hostname;
     # in Kubernetes give it the node's name, not the pod's)
     node_id: str | None = None

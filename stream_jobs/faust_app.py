@@ -96,7 +96,7 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
         broker_credentials=_credentials(settings),
         store="memory://",
         topic_partitions=partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,  # the tables' changelogs
         value_serializer="raw",
         key_serializer="raw",
         web_enabled=False,

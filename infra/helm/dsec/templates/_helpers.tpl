@@ -69,6 +69,8 @@ key: {{ ternary .existingKey .key (not (empty .existing)) }}
   value: {{ include "dsec.bootstrap" . | quote }}
 - name: DSEC_TOPIC_PREFIX
   value: {{ .Values.kafka.topicPrefix | quote }}
+- name: DSEC_REPLICATION_FACTOR
+  value: {{ .Values.kafka.replicationFactor | quote }}
 - name: DSEC_CLICKHOUSE_DSN
   valueFrom:
     secretKeyRef:

@@ -1,11 +1,13 @@
-"""Stream buffers survive a resume of flow that is already on, and are emptied when flow
-comes back from a suspension (what they hold then belongs to the assignment before)."""
+"""The stream jobs' Faust app: stream buffers survive a resume of flow that is already on,
+and are emptied when flow comes back from a suspension (what they hold then belongs to the
+assignment before); table changelogs get the configured replication factor."""
 
 from __future__ import annotations
 
 from mode.utils.queues import FlowControlQueue
 
-from dsec.stream_jobs.faust_app import ResumeKeepsBuffers
+from dsec.settings import DsecSettings
+from dsec.stream_jobs.faust_app import ResumeKeepsBuffers, make_faust_app
 
 
 def _buffer(flow: ResumeKeepsBuffers) -> FlowControlQueue:
@@ -32,3 +34,9 @@ def test_resuming_after_a_suspension_empties_the_buffers() -> None:
     flow.resume()
     assert flow.is_active()
     assert buffer.qsize() == 0
+
+
+def test_table_changelogs_get_the_configured_replication_factor() -> None:
+    app = make_faust_app("dsec-test", DsecSettings(replication_factor=3), partitions=6)
+    assert app.conf.topic_replication_factor == 3
+    assert isinstance(app.flow_control, ResumeKeepsBuffers)
