@@ -179,10 +179,12 @@ def watch_faust_app(
 def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
                   seen: dict[Any, tuple[int | None, float]], stalled_after_s: float) -> None:
     """Log a partition whose committed offset has not moved for ``stalled_after_s`` while
-    messages are waiting behind it, with the consumer's bookkeeping for it."""
+    messages are waiting behind it (and it is not paused for table recovery), with the
+    consumer's bookkeeping for it."""
     now = time.monotonic()
     last = seen.get(tp)
-    if last is None or last[0] != committed or end <= (committed or 0):
+    paused = tp in getattr(consumer, "_paused_partitions", ())  # recovering its tables
+    if last is None or last[0] != committed or end <= (committed or 0) or paused:
         seen[tp] = (committed, now)
         return
     if now - last[1] < stalled_after_s:
@@ -194,9 +196,9 @@ def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
     gap = getattr(consumer, "_gap", {}).get(tp)
     logging.getLogger(__name__).warning(
         "commits on %s:%s stalled at %s for %.0f s with the end at %s: read offset %s, "
-        "%d acked (%s..%s), %d in flight (%s..%s), gap %s, paused %s",
+        "%d acked (%s..%s), %d in flight (%s..%s), gap %s",
         tp.topic, tp.partition, committed, now - last[1], end,
         getattr(consumer, "_read_offset", {}).get(tp), len(acked),
         acked[0] if acked else None, acked[-1] if acked else None, len(in_flight),
         in_flight[0] if in_flight else None, in_flight[-1] if in_flight else None,
-        sorted(gap) if gap else None, tp in getattr(consumer, "_paused_partitions", ()))
+        sorted(gap) if gap else None)
