@@ -69,7 +69,10 @@ WORKER_FEATURES: dict[str, str] = {
     "episode_same_end_streak": "consecutive episodes that ended with the same reason (count)",
     "grad_norm": "latest gradient L2 norm",
     "grad_norm_log_slope": "least-squares slope of log(grad norm) against step (1/step)",
-    "grad_norm_spike_z": "z-score of the latest gradient norm against the window",
+    "grad_norm_jumps": "swings of the gradient norm by 10x or more between consecutive "
+                       "steps, over the last 32 steps",
+    "grad_norm_spike_z": "largest robust z-score (median, 1.4826 MAD) of the batch's new "
+                         "gradient norms, each against the window before it",
     "grad_nonfinite_count": "steps with NaN/Inf gradients in the window (count)",
     "loss_nonfinite_count": "steps with a NaN/Inf loss in the window (count)",
     "grad_sync_latency_p50_ms": "gradient sync latency, median (ms)",

@@ -90,6 +90,49 @@ def z_score(value: float, window: np.ndarray) -> float:
     return (value - float(window.mean())) / std if std > 0 else 0.0
 
 
+# 1.4826 x the median absolute deviation estimates a normal distribution's standard deviation.
+MAD_TO_STD = 1.4826
+
+
+def robust_z(value: float, window: np.ndarray) -> float:
+    """How many robust standard deviations (``MAD_TO_STD`` x the median absolute deviation)
+    ``value`` lies from the window's median (0 if the window is empty or flat). Unlike the
+    mean and standard deviation, neither moves much for a few outliers in the window: a
+    burst of spikes does not hide the spikes after its first."""
+    if window.size == 0:
+        return 0.0
+    median = float(np.median(window))
+    spread = MAD_TO_STD * float(np.median(np.abs(window - median)))
+    return (value - median) / spread if spread > 0 else 0.0
+
+
+def spike_z(values: np.ndarray, new_count: int, window: int, min_window: int) -> float:
+    """The largest robust z-score among the last ``new_count`` of ``values``, each against
+    the (up to ``window``) values before it; 0 for a value with fewer than ``min_window``
+    before it. Every new value counts, not only the latest: a spike followed by a calm step
+    in the same batch is still a spike."""
+    best = 0.0
+    for index in range(max(values.size - new_count, 0), values.size):
+        if index < min_window:
+            continue
+        best = max(best, robust_z(float(values[index]), values[max(0, index - window):index]))
+    return best
+
+
+def jump_count(values: np.ndarray, ratio: float) -> int:
+    """How many consecutive pairs of ``values`` differ by ``ratio`` or more, up or down.
+
+    Gradient norms that swing by an order of magnitude from one step to the next, again and
+    again, are numerical trouble building (the loss blowing up on some steps and not on
+    others); a healthy run's norms drift, shift level and spike now and then, but rarely
+    swing like that more than once per update. Non-positive and non-finite values are left
+    out."""
+    usable = values[np.isfinite(values) & (values > 0)]
+    if usable.size < 2:
+        return 0
+    return int((np.abs(np.diff(np.log(usable))) >= np.log(ratio)).sum())
+
+
 def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
     """Exact percentiles of a bounded window (the window is the sketch)."""
     if values.size == 0:

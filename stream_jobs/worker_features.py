@@ -24,6 +24,12 @@ class FeatureConfig:
     reward_window_episodes: int = 20
     reward_time_window_s: float = 60.0
     grad_window_steps: int = 200
+    # A gradient-norm spike is judged once this many norms came before it.
+    spike_min_window: int = 32
+    # Swings of the gradient norm by jump_ratio or more between consecutive steps, counted
+    # over the last jump_window_steps steps.
+    jump_window_steps: int = 32
+    jump_ratio: float = 10.0
     sync_window: int = 512
     gpu_window: int = 64
     regime_bounds_steps: tuple[float, float] = (100.0, 300.0)
@@ -160,7 +166,10 @@ def _steps(state: State, frame: Frame, config: FeatureConfig, out: dict[str, flo
     window_norms = np.asarray(state["grad_norms"])
     latest = float(window_norms[-1])
     out["grad_norm"] = latest
-    out["grad_norm_spike_z"] = stats.z_score(latest, window_norms[:-1])
+    out["grad_norm_jumps"] = float(stats.jump_count(
+        window_norms[-(config.jump_window_steps + 1):], config.jump_ratio))
+    out["grad_norm_spike_z"] = stats.spike_z(
+        window_norms, int(has_norm.sum()), config.grad_window_steps, config.spike_min_window)
     slope = stats.log_slope(np.asarray(state["grad_steps"]), window_norms)
     if slope is not None:
         out["grad_norm_log_slope"] = slope

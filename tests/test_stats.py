@@ -6,6 +6,7 @@ import statistics
 import numpy as np
 import pytest
 
+from dsec.stream_jobs import stats
 from dsec.stream_jobs.stats import (
     append_bounded,
     coefficient_of_variation,
@@ -119,3 +120,30 @@ def test_throughput_jitter_and_linear_slope() -> None:
     assert throughput_jitter(np.array([100.0, 100.0]), np.array([10.0, 30.0])) > 0.5
     assert linear_slope(np.array([0.0, 1.0, 2.0]), np.array([5.0, 7.0, 9.0])) == 2.0
     assert linear_slope(np.array([1.0]), np.array([1.0])) is None
+
+
+def test_robust_z_is_measured_from_the_median_in_mads() -> None:
+    window = np.array([1.0, 2.0, 3.0, 4.0, 100.0])  # median 3, MAD 1
+    assert stats.robust_z(3.0 + stats.MAD_TO_STD * 5, window) == pytest.approx(5.0)
+    assert stats.robust_z(7.0, np.full(10, 2.0)) == 0.0  # flat window
+    assert stats.robust_z(7.0, np.array([])) == 0.0
+
+
+def test_spike_z_sees_every_new_value_and_is_not_hidden_by_earlier_spikes() -> None:
+    rng = np.random.default_rng(0)
+    calm = rng.lognormal(3.0, 0.8, 200)
+    spiked = calm.copy()
+    spiked[150] *= 50  # an earlier spike in the window
+    batch = np.concatenate([spiked, [calm.max() * 50, calm[0]]])  # spike, then a calm step
+    assert stats.spike_z(batch, 2, 200, 32) > 20
+    assert stats.spike_z(batch, 1, 200, 32) < 3  # only the calm step is new
+    assert stats.spike_z(calm[:20], 20, 200, 32) == 0.0  # too few values before any
+
+
+def test_jump_count_counts_order_of_magnitude_swings_either_way() -> None:
+    calm = np.array([30.0, 41.0, 25.0, 60.0, 33.0])  # drifts, no swing of 10x
+    assert stats.jump_count(calm, 10.0) == 0
+    swinging = np.array([30.0, 1500.0, 31.0, 29.0, 1450.0, 0.0, 28.0, np.nan, 2.0])
+    # 30->1500, 1500->31, 29->1450, 1450->28 (0 and NaN left out), 28->2
+    assert stats.jump_count(swinging, 10.0) == 5
+    assert stats.jump_count(np.array([5.0]), 10.0) == 0
