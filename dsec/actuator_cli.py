@@ -50,7 +50,9 @@ def actuator_command(
             results_topic=topics.actuation_results,
             signing_key=settings.signing_key_bytes(),
         ),
-        consumer_config(settings, group_id=f"dsec-node-{node}"),
+        # One group per node and installation: two installations (topic prefixes) on one
+        # Kafka never share a node's group.
+        consumer_config(settings, group_id=f"{settings.topic_prefix}-node-{node}"),
         publish,
         metrics=metrics,
     )
