@@ -111,6 +111,21 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
     publish_policy(settings, sign(spec, settings.signing_key_bytes()))
 
 
+def _end_offset(consumer, partition, timeout_s: float = 60.0) -> int:
+    """The partition's end offset, asked again for up to ``timeout_s`` while the broker
+    answers with an error (a loaded single broker briefly reports no leader)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=30)[1]
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
     """The policy engine's decisions by ``policy:kind``, and when each decision to act
     (fired, or dry run) was taken, in seconds from ``t0``, except the periodic snapshot's."""
@@ -127,8 +142,7 @@ def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]
         partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
-        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=30)[1]
-                for p in partitions}
+        ends = {p.partition: _end_offset(consumer, p) for p in partitions}
         consumer.assign(partitions)
         done = {p for p, end in ends.items() if end == 0}
         deadline = time.monotonic() + 30
