@@ -407,6 +407,8 @@ def test_restarted_daemon_keeps_desired_state_and_workers_reconnect(node) -> Non
                                    node._publish).start()
         wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
                  what="the desired state from the restarted daemon")
-        assert worker.registrations == 2
+        # Registered again with the restarted daemon: once, or more where a connection made
+        # while the daemon was still starting up was closed and the worker came back.
+        assert worker.registrations >= 2
     finally:
         worker.stop()
