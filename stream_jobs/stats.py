@@ -107,16 +107,17 @@ def robust_z(value: float, window: np.ndarray) -> float:
 
 
 def spike_z(values: np.ndarray, new_count: int, window: int, min_window: int) -> float:
-    """The largest robust z-score among the last ``new_count`` of ``values``, each against
-    the (up to ``window``) values before it; 0 for a value with fewer than ``min_window``
-    before it. Every new value counts, not only the latest: a spike followed by a calm step
-    in the same batch is still a spike."""
-    best = 0.0
-    for index in range(max(values.size - new_count, 0), values.size):
-        if index < min_window:
-            continue
-        best = max(best, robust_z(float(values[index]), values[max(0, index - window):index]))
-    return best
+    """The robust z-score of the largest of the last ``new_count`` of ``values`` against the
+    (up to ``window``) values before them; 0 with fewer than ``min_window`` before. Every
+    new value counts, not only the latest: a spike followed by a calm step in the same
+    batch is still a spike. One median and one MAD a batch, whatever its size."""
+    first_new = max(values.size - new_count, 0)
+    before = values[max(0, first_new - window):first_new]
+    new = values[first_new:]
+    new = new[np.isfinite(new)]
+    if before.size < min_window or new.size == 0:
+        return 0.0
+    return robust_z(float(new.max()), before)
 
 
 def jump_count(values: np.ndarray, ratio: float) -> int:
