@@ -72,7 +72,7 @@ WORKER_FEATURES: dict[str, str] = {
     "grad_norm_jumps": "swings of the gradient norm by 10x or more between consecutive "
                        "steps, over the last 32 steps",
     "grad_norm_spike_z": "largest robust z-score (median, 1.4826 MAD) of the batch's new "
-                         "gradient norms, each against the window before it",
+                         "gradient norms, against the window before the batch",
     "grad_nonfinite_count": "steps with NaN/Inf gradients in the window (count)",
     "loss_nonfinite_count": "steps with a NaN/Inf loss in the window (count)",
     "grad_sync_latency_p50_ms": "gradient sync latency, median (ms)",
