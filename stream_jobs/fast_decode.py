@@ -11,7 +11,6 @@ pydantic as they are.
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 import typing
 from dataclasses import dataclass
@@ -146,7 +145,7 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
         raise _fail(kind, name, f"packed dtype must be one of {list(_PACKED_FOR[rule.dtype])}")
     try:
         raw = base64.b64decode(data, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a str with characters outside ASCII
         raise _fail(kind, name, "packed data is not base64") from None
     if len(raw) != n * np.dtype(dtype).itemsize:
         raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")

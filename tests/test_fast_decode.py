@@ -124,6 +124,8 @@ PACKED_INVALID = [
      "packed dtype"),
     (_message({"step": {"event_time_ms": [1], "step": {"dtype": "<i8", "data": "%%%"}}}),
      "base64"),
+    (_message({"step": {"event_time_ms": [1], "step": {"dtype": "<i8", "data": "AQAAAAAAAé="}}}),
+     "base64"),
     (_message({"episode": {"event_time_ms": [1], "episode_index": [0],
                            "reward": _packed("<f8", [float("nan")]), "length": [1]}}),
      "null where a number is required"),
