@@ -118,17 +118,16 @@ def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
 
 
 def _checked(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.ndarray:
-    """The column's bounds, as the model's field states them (NaN, i.e. null, left out)."""
-    checked = array[~np.isnan(array)] if array.dtype.kind == "f" else array
-    if checked.size:
-        if rule.lower is not None:
-            bound, inclusive = rule.lower
-            if (checked < bound).any() if inclusive else (checked <= bound).any():
-                raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
-        if rule.upper is not None:
-            bound, inclusive = rule.upper
-            if (checked > bound).any() if inclusive else (checked >= bound).any():
-                raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
+    """The column's bounds, as the model's field states them. NaN (null) compares false
+    with every bound, so nulls pass without being filtered out first."""
+    if rule.lower is not None:
+        bound, inclusive = rule.lower
+        if (array < bound).any() if inclusive else (array <= bound).any():
+            raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
+    if rule.upper is not None:
+        bound, inclusive = rule.upper
+        if (array > bound).any() if inclusive else (array >= bound).any():
+            raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
     return array
 
 
@@ -149,7 +148,8 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
         raise _fail(kind, name, "packed data is not base64") from None
     if len(raw) != n * np.dtype(dtype).itemsize:
         raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")
-    array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype)
+    # A read-only view of the bytes where the dtype is already the column's: no copy.
+    array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype, copy=False)
     if rule.dtype is np.float64 and not rule.nullable and np.isnan(array).any():
         raise _fail(kind, name, "null where a number is required")
     return _checked(kind, name, array, rule)

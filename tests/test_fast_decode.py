@@ -142,3 +142,22 @@ def test_invalid_packed_columns_are_refused_by_both(data: bytes, fragment: str) 
     assert fragment in fast.value.reason
     with pytest.raises(DecodeError):
         decode(data, MetricBatch)
+
+
+@pytest.mark.parametrize("as_packed", [False, True])
+def test_nulls_pass_the_bounds_and_values_beside_them_are_still_checked(as_packed: bool) -> None:
+    def column(values: list) -> list | dict:
+        return _packed("<f8", [float("nan") if v is None else v for v in values]) if as_packed \
+            else values
+
+    ok = _message({"step": {"event_time_ms": [1, 2, 3], "step": [1, 2, 3],
+                            "grad_norm": column([None, 0.0, 2.5])}})
+    assert np.isnan(decode_metric_batch(ok).frames["step"]["grad_norm"][0])
+    decode(ok, MetricBatch)
+    bad = _message({"step": {"event_time_ms": [1, 2, 3], "step": [1, 2, 3],
+                             "grad_norm": column([None, -1.0, 2.5])}})
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(bad)
+    assert ">= 0" in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(bad, MetricBatch)
