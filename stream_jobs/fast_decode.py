@@ -19,6 +19,7 @@ from typing import Any
 import annotated_types
 import numpy as np
 import orjson
+import pybase64
 
 from dsec.schemas import DecodeError, MetricBatch, decode
 from dsec.schemas.metrics import MAX_SAMPLES_PER_BATCH, SAMPLE_MODELS
@@ -135,6 +136,18 @@ _NOUN = {np.bool_: "booleans", np.int64: "integers", np.float64: "numbers"}
 _PACKED_FOR = {np.float64: ("<f8", "<f4"), np.int64: ("<i8",), np.bool_: ("|b1",)}
 
 
+def _base64_bytes(data: str) -> bytes:
+    """``base64.b64decode(data, validate=True)``, the model's decoder, twenty times faster.
+
+    pybase64 (SIMD) refuses some input the standard library takes, such as padding after a
+    complete quantum ("AAAA="); the standard library has the last word on what pybase64
+    refuses, so both paths give every input the same verdict and the same bytes."""
+    try:
+        return pybase64.b64decode(data, validate=True)
+    except ValueError:
+        return base64.b64decode(data, validate=True)
+
+
 def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.ndarray:
     """A packed column (little-endian bytes in base64) straight into a typed array."""
     dtype, data = value.get("dtype"), value.get("data")
@@ -143,7 +156,7 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
     if dtype not in _PACKED_FOR[rule.dtype]:
         raise _fail(kind, name, f"packed dtype must be one of {list(_PACKED_FOR[rule.dtype])}")
     try:
-        raw = base64.b64decode(data, validate=True)
+        raw = _base64_bytes(data)
     except ValueError:  # binascii.Error, or a str with characters outside ASCII
         raise _fail(kind, name, "packed data is not base64") from None
     if len(raw) != n * np.dtype(dtype).itemsize:
