@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,13 +111,64 @@ def spike_z(values: np.ndarray, new_count: int, window: int, min_window: int) ->
     """The largest robust z-score among the last ``new_count`` of ``values``, each against
     the (up to ``window``) values before it; 0 for a value with fewer than ``min_window``
     before it. Every new value counts, not only the latest: a spike followed by a calm step
-    in the same batch is still a spike."""
-    best = 0.0
-    for index in range(max(values.size - new_count, 0), values.size):
-        if index < min_window:
-            continue
-        best = max(best, robust_z(float(values[index]), values[max(0, index - window):index]))
-    return best
+    in the same batch is still a spike.
+
+    All the windows are judged at once, one row each (tests hold the result equal to
+    ``robust_z`` applied to each window in turn); non-finite values take that way."""
+    first = max(values.size - new_count, 0, min_window, 1)  # index 0 has no window
+    if first >= values.size or window <= 0:
+        return 0.0
+    if not np.isfinite(values).all():
+        return max(0.0, *(robust_z(float(values[index]), values[max(0, index - window):index])
+                          for index in range(first, values.size)))
+    layout = _window_rows(values.size, first, window)
+    rows = np.concatenate(([-np.inf], values, [np.inf])).take(layout.gather)
+    medians = _middles(rows, layout)
+    deviations = np.abs(rows - medians[:, None])
+    np.copyto(deviations, -np.inf, where=layout.before)
+    spreads = MAD_TO_STD * _middles(deviations, layout)
+    flat = spreads <= 0
+    z = (values[first:] - medians) / np.where(flat, 1.0, spreads)
+    return max(0.0, float(np.where(flat, 0.0, z).max()))
+
+
+@dataclass(frozen=True)
+class _WindowRows:
+    """Windows ``values[max(0, i - window):i]`` for i in [first, size), one row each,
+    shifted right so that every row's middle (its lower middle, when even) falls in
+    ``column``: -inf before a row's values and +inf after them."""
+
+    gather: np.ndarray  # indices into [-inf, *values, +inf]
+    before: np.ndarray  # where a row's -inf padding is
+    column: int
+    odd: np.ndarray  # rows of an odd length
+
+
+@functools.lru_cache(maxsize=64)
+def _window_rows(size: int, first: int, window: int) -> _WindowRows:
+    judged = np.arange(first, size)
+    starts = np.maximum(judged - window, 0)
+    lengths = judged - starts
+    lower_middle = (lengths - 1) // 2
+    column = int(lower_middle.max())
+    shift = column - lower_middle
+    offset = np.arange(int((shift + lengths).max()) + 1) - shift[:, None]
+    before = offset < 0
+    gather = np.where(before, 0, np.where(offset < lengths[:, None],
+                                          starts[:, None] + offset + 1, size + 1))
+    for array in (gather, before):
+        array.flags.writeable = False
+    return _WindowRows(gather, before, column, lengths % 2 == 1)
+
+
+def _middles(rows: np.ndarray, layout: _WindowRows) -> np.ndarray:
+    """The medians of aligned rows, computed as np.median computes one: the middle value,
+    or the two middle values' sum halved."""
+    column = layout.column
+    part = np.partition(rows, column + 1, axis=1)
+    upper = part[:, column + 1]
+    lower = part[:, : column + 1].max(axis=1)
+    return np.where(layout.odd, lower, (lower + upper) / 2)
 
 
 def jump_count(values: np.ndarray, ratio: float) -> int:

@@ -140,6 +140,35 @@ def test_spike_z_sees_every_new_value_and_is_not_hidden_by_earlier_spikes() -> N
     assert stats.spike_z(calm[:20], 20, 200, 32) == 0.0  # too few values before any
 
 
+def _spike_z_window_by_window(values: np.ndarray, new_count: int, window: int,
+                              min_window: int) -> float:
+    best = 0.0
+    for index in range(max(values.size - new_count, 0), values.size):
+        if index >= min_window:
+            window_values = values[max(0, index - window):index]
+            best = max(best, stats.robust_z(float(values[index]), window_values))
+    return best
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # robust_z on windows holding inf
+def test_spike_z_is_exactly_robust_z_window_by_window() -> None:
+    rng = np.random.default_rng(1)
+    for trial in range(400):
+        size = int(rng.integers(0, 240))
+        values = [1 + rng.random(size),  # distinct values
+                  rng.integers(0, 4, size).astype(float),  # ties and flat windows
+                  np.exp(rng.normal(0, 3, size)),
+                  np.round(rng.normal(5, 1, size), 1)][trial % 4]
+        if trial % 25 == 3 and size:
+            values[int(rng.integers(0, size))] = [np.nan, np.inf, -np.inf][trial % 3]
+        for new_count, window, min_window in ((int(rng.integers(-5, 1200)), 200, 32),
+                                              (int(rng.integers(0, 300)),
+                                               int(rng.integers(-2, 60)),
+                                               int(rng.integers(-3, 40)))):
+            expected = _spike_z_window_by_window(values, new_count, window, min_window)
+            assert stats.spike_z(values, new_count, window, min_window) == expected
+
+
 def test_jump_count_counts_order_of_magnitude_swings_either_way() -> None:
     calm = np.array([30.0, 41.0, 25.0, 60.0, 33.0])  # drifts, no swing of 10x
     assert stats.jump_count(calm, 10.0) == 0
