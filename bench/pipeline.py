@@ -3,7 +3,8 @@
 1. A topic is filled with probe-shaped batches (packed columns, ``samples_per_message``
    each), as the probe sends them.
 2. A bare confluent-kafka consumer reads and decodes every message (orjson, then each
-   column into a numpy array): the practical limit of a Python consumer.
+   column into a numpy array, base64 by pybase64 as in the stream jobs): the practical
+   limit of a Python consumer.
 3. The stream stack (``dsec up --services stream-jobs,sink`` on the same broker: the Faust
    metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
@@ -12,7 +13,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import signal
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.infra.kafka_local import LocalKafka
@@ -73,11 +74,12 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
 
 
 def _decode_columns(document: dict) -> int:
-    """What a bare consumer does with a message: every column into an array."""
+    """What a bare consumer does with a message: every column into an array (with the
+    stream jobs' base64 decoder, so that only the work around it differs)."""
     samples = 0
     for columns in document["columns"].values():
         for value in columns.values():
-            array = (np.frombuffer(base64.b64decode(value["data"]), dtype=value["dtype"])
+            array = (np.frombuffer(pybase64.b64decode(value["data"]), dtype=value["dtype"])
                      if isinstance(value, dict) else np.asarray(value))
         samples += array.size
     return samples

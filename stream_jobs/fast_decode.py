@@ -11,7 +11,6 @@ pydantic as they are.
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 import typing
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 import annotated_types
 import numpy as np
 import orjson
+import pybase64
 
 from dsec.schemas import DecodeError, MetricBatch, decode
 from dsec.schemas.metrics import MAX_SAMPLES_PER_BATCH, SAMPLE_MODELS
@@ -119,22 +119,33 @@ def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
 
 
 def _checked(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.ndarray:
-    """The column's bounds, as the model's field states them (NaN, i.e. null, left out)."""
-    checked = array[~np.isnan(array)] if array.dtype.kind == "f" else array
-    if checked.size:
-        if rule.lower is not None:
-            bound, inclusive = rule.lower
-            if (checked < bound).any() if inclusive else (checked <= bound).any():
-                raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
-        if rule.upper is not None:
-            bound, inclusive = rule.upper
-            if (checked > bound).any() if inclusive else (checked >= bound).any():
-                raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
+    """The column's bounds, as the model's field states them. NaN (null) compares false
+    with every bound, so nulls pass without being filtered out first."""
+    if rule.lower is not None:
+        bound, inclusive = rule.lower
+        if (array < bound).any() if inclusive else (array <= bound).any():
+            raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
+    if rule.upper is not None:
+        bound, inclusive = rule.upper
+        if (array > bound).any() if inclusive else (array >= bound).any():
+            raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
     return array
 
 
 _NOUN = {np.bool_: "booleans", np.int64: "integers", np.float64: "numbers"}
 _PACKED_FOR = {np.float64: ("<f8", "<f4"), np.int64: ("<i8",), np.bool_: ("|b1",)}
+
+
+def _base64_bytes(data: str) -> bytes:
+    """``base64.b64decode(data, validate=True)``, the model's decoder, twenty times faster.
+
+    pybase64 (SIMD) refuses some input the standard library takes, such as padding after a
+    complete quantum ("AAAA="); the standard library has the last word on what pybase64
+    refuses, so both paths give every input the same verdict and the same bytes."""
+    try:
+        return pybase64.b64decode(data, validate=True)
+    except ValueError:
+        return base64.b64decode(data, validate=True)
 
 
 def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.ndarray:
@@ -145,12 +156,13 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
     if dtype not in _PACKED_FOR[rule.dtype]:
         raise _fail(kind, name, f"packed dtype must be one of {list(_PACKED_FOR[rule.dtype])}")
     try:
-        raw = base64.b64decode(data, validate=True)
-    except binascii.Error:
+        raw = _base64_bytes(data)
+    except ValueError:  # binascii.Error, or a str with characters outside ASCII
         raise _fail(kind, name, "packed data is not base64") from None
     if len(raw) != n * np.dtype(dtype).itemsize:
         raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")
-    array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype)
+    # A read-only view of the bytes where the dtype is already the column's: no copy.
+    array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype, copy=False)
     if rule.dtype is np.float64 and not rule.nullable and np.isnan(array).any():
         raise _fail(kind, name, "null where a number is required")
     return _checked(kind, name, array, rule)

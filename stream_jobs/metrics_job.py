@@ -134,14 +134,12 @@ def register_metrics_job(
     batch_max_messages: int = 500,
     batch_within_s: float = 0.05,
     metrics: ProcessMetrics | None = None,
+    loop_turn_every_s: float = 0.001,
 ) -> JobCounters:
     config = config or FeatureConfig()
     counters = JobCounters()
     instruments = _JobInstruments(metrics or ProcessMetrics(), topics)
     metrics = app.topic(topics.metrics, value_type=bytes, key_type=bytes)
-    features = app.topic(topics.features, value_type=bytes, key_type=bytes)
-    gpu_profiles = app.topic(topics.gpu_profiles, value_type=bytes, key_type=bytes)
-    dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
     # Keyed by worker id, partitioned as the metrics topic is: a worker's state lives
     # with its events, and timers may update it outside any event.
     # Raw keys (the worker id's bytes, as on the metrics topic): the changelog partition
@@ -152,6 +150,15 @@ def register_metrics_job(
     worker_state = app.Table(
         "worker-state", default=dict, partitions=None, key_type=bytes, use_partitioner=True
     )
+
+    async def publish(topic: str, key: bytes, value: bytes) -> asyncio.Future:
+        """Hands an output to the producer; the future resolves once the broker has it.
+
+        Straight to the producer rather than through ``Topic.send``: Faust's producer lookup
+        there yields to the event loop three times per message, and each turn lets the
+        producer send a request for the one or two messages queued so far."""
+        return await app.producer.send(topic, key, value, partition=None, timestamp=None,
+                                       headers=None)
 
     def feature_event(
         identity: WorkerIdentity, values: dict[str, float], event_id: str,
@@ -172,7 +179,14 @@ def register_metrics_job(
         states: dict[str, dict] = {}
         features_out = 0
         wall_ms = now_ms()
+        turn_s = started_s
         for event in events:
+            if time.perf_counter() - turn_s > loop_turn_every_s:
+                # A turn of the event loop now and then: the consumer's fetcher and the
+                # producer's sender run in it, and a batch worked through in one go would
+                # leave the next batch unfetched and this one's outputs unsent until the end.
+                await asyncio.sleep(0)
+                turn_s = time.perf_counter()
             counters.messages_in += 1
             message = event.message
             if message.offset > processed_through.get(message.partition, -1):
@@ -182,8 +196,8 @@ def register_metrics_job(
             except DecodeError as exc:
                 counters.dead_letters += 1
                 letter = dead_letter_for(event, exc.reason)
-                sends.append(await dead_letters.send(key=message.topic.encode(),
-                                                     value=encode(letter)))
+                sends.append(await publish(topics.dead_letters, message.topic.encode(),
+                                           encode(letter)))
                 instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()
                 instruments.dead_letters_out.inc()
                 continue
@@ -207,9 +221,9 @@ def register_metrics_job(
                 # One feature event per input message, with an id derived from it.
                 event_id = derived_event_id("features", worker, message.partition,
                                             message.offset)
-                sends.append(await features.send(
-                    key=worker.encode(),
-                    value=feature_event(batch.identity, result.features, event_id, result.tags),
+                sends.append(await publish(
+                    topics.features, worker.encode(),
+                    feature_event(batch.identity, result.features, event_id, result.tags),
                 ))
                 counters.features_out += 1
                 features_out += 1
@@ -227,8 +241,8 @@ def register_metrics_job(
                 bandwidth_jitter=contribution.bandwidth_jitter,
                 samples=contribution.samples,
             )
-            sends.append(await gpu_profiles.send(key=f"{uuid}/{worker}".encode(),
-                                                 value=encode(profile)))
+            sends.append(await publish(topics.gpu_profiles, f"{uuid}/{worker}".encode(),
+                                       encode(profile)))
             counters.gpu_profiles_out += 1
         # Outputs first, state second: a crash in between replays the batch, which derives
         # the same outputs under the same ids (deduplicated downstream).
@@ -276,8 +290,8 @@ def register_metrics_job(
             worker = key.decode()
             identity = WorkerIdentity.model_validate(state["identity"])
             event_id = derived_event_id("lost", worker, state.get("last_heartbeat_ms"))
-            await (await features.send(key=worker.encode(),
-                                       value=feature_event(identity, lost, event_id)))
+            await (await publish(topics.features, worker.encode(),
+                                 feature_event(identity, lost, event_id)))
             worker_state[key] = new_state
             counters.features_out += 1
             instruments.features_out.inc()

@@ -80,7 +80,7 @@ class RawColumnsBuilder:
                     continue
                 column = np.concatenate(buffer.columns[name])
                 if dtype is object:
-                    arrays[name] = pa.array(column.tolist(), type=pa.string())
+                    arrays[name] = pa.array(column, type=pa.string())
                 elif dtype is np.float64:
                     arrays[name] = pa.array(column, from_pandas=True)  # NaN → NULL
                 else:

@@ -124,6 +124,8 @@ PACKED_INVALID = [
      "packed dtype"),
     (_message({"step": {"event_time_ms": [1], "step": {"dtype": "<i8", "data": "%%%"}}}),
      "base64"),
+    (_message({"step": {"event_time_ms": [1], "step": {"dtype": "<i8", "data": "AQAAAAAAAé="}}}),
+     "base64"),
     (_message({"episode": {"event_time_ms": [1], "episode_index": [0],
                            "reward": _packed("<f8", [float("nan")]), "length": [1]}}),
      "null where a number is required"),
@@ -140,3 +142,32 @@ def test_invalid_packed_columns_are_refused_by_both(data: bytes, fragment: str) 
     assert fragment in fast.value.reason
     with pytest.raises(DecodeError):
         decode(data, MetricBatch)
+
+
+@pytest.mark.parametrize("as_packed", [False, True])
+def test_nulls_pass_the_bounds_and_values_beside_them_are_still_checked(as_packed: bool) -> None:
+    def column(values: list) -> list | dict:
+        return _packed("<f8", [float("nan") if v is None else v for v in values]) if as_packed \
+            else values
+
+    ok = _message({"step": {"event_time_ms": [1, 2, 3], "step": [1, 2, 3],
+                            "grad_norm": column([None, 0.0, 2.5])}})
+    assert np.isnan(decode_metric_batch(ok).frames["step"]["grad_norm"][0])
+    decode(ok, MetricBatch)
+    bad = _message({"step": {"event_time_ms": [1, 2, 3], "step": [1, 2, 3],
+                             "grad_norm": column([None, -1.0, 2.5])}})
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(bad)
+    assert ">= 0" in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(bad, MetricBatch)
+
+
+def test_padding_after_a_complete_quantum_is_taken_as_the_model_takes_it() -> None:
+    # Three int64 are 24 bytes, 32 characters without padding: the standard library ignores
+    # an "=" after them where SIMD decoders refuse it, and the model's verdict is the rule.
+    data = _packed("<i8", [4, 5, 6])["data"] + "="
+    message = _message({"step": {"event_time_ms": [1, 2, 3],
+                                 "step": {"dtype": "<i8", "data": data}}})
+    assert decode_metric_batch(message).frames["step"]["step"].tolist() == [4, 5, 6]
+    assert [row.step for row in decode(message, MetricBatch).rows()] == [4, 5, 6]
