@@ -168,6 +168,7 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
             order = (False, True) if pair % 2 == 0 else (True, False)
             for probe_on in order:
                 times[probe_on].append(block(probe_on, options.steps_per_block))
+        norm_interval = probe.grad_norm_interval_steps
         cleanup.remove(runtime.shutdown)
         counters = runtime.shutdown()
         nvml = bool(runtime.nvml is not None and runtime.nvml.available)
@@ -192,7 +193,8 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()),
         "batch": 256,
         "torch_threads": 1,
-        "grad_norm_every_n_steps": config.grad_norm_every_n_steps,
+        "grad_norm_every_n_steps": config.grad_norm_every_n_steps or "adaptive",
+        "grad_norm_interval_steps": norm_interval,
         "episode_every_n_steps": EPISODE_EVERY_N_STEPS,
         "transport": transport_name,
         "nvml": nvml,

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from dsec.ingest.config import ProbeConfig
+from dsec.ingest.sampling import norm_interval_steps, smoothed
 from dsec.ingest.transport import Transport
 from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
 from dsec.schemas.metrics import columns_from_rows, pack_columns
@@ -112,7 +113,13 @@ class Probe:
         self._last_sample_s: float | None = None
         self._last_sample_step = 0
         self._step_every = self.config.step_sample_every_n_steps
-        self._grad_norm_every = self.config.grad_norm_every_n_steps
+        self._adaptive_norms = self.config.grad_norm_every_n_steps is None
+        # steps between two gradient norms: fixed, or (adaptive) 10 until measured
+        self._norm_interval = self.config.grad_norm_every_n_steps or 10
+        self._next_norm_step = 0
+        self._norm_cost_s: float | None = None  # smoothed, on the training thread
+        self._norms_timed = 0
+        self._step_time_s: float | None = None  # smoothed, from the step samples
         self._step_callbacks: list[StepCallback] = []
         self._collectors: list[Collector] = []
         self._failed_collectors: set[int] = set()
@@ -151,7 +158,27 @@ class Probe:
 
     def _sampled(self, step: int) -> bool:
         return (self._force_sample or step % self._step_every == 0
-                or step % self._grad_norm_every == 0)
+                or step >= self._next_norm_step)
+
+    @property
+    def grad_norm_interval_steps(self) -> int:
+        """Steps between two gradient norms, as the probe spaces them now."""
+        return self._norm_interval
+
+    def _norm_costs(self, cost_s: float) -> None:
+        """One norm's cost on the training thread: the interval follows it (adaptive). The
+        first norm is not counted: it pays for torch's first call of the kernels."""
+        self._norms_timed += 1
+        if self._norms_timed == 1:
+            return
+        self._norm_cost_s = smoothed(self._norm_cost_s, cost_s)
+        self._respace_norms()
+
+    def _respace_norms(self) -> None:
+        if self._adaptive_norms and self._norm_cost_s is not None and self._step_time_s:
+            self._norm_interval = norm_interval_steps(
+                self._norm_cost_s, self._step_time_s, self.config.grad_norm_budget_fraction,
+                self.config.grad_norm_max_interval_steps)
 
     def note_loss(self, loss: Any) -> None:
         """Keeps the loss for this step's sample; a tensor is read off the training thread.
@@ -192,6 +219,9 @@ class Probe:
         step_time_ms = None
         if self._last_sample_s is not None and step > self._last_sample_step:
             step_time_ms = (now_s - self._last_sample_s) * 1000.0 / (step - self._last_sample_step)
+            self._step_time_s = smoothed(self._step_time_s, step_time_ms / 1000.0)
+        if step >= self._next_norm_step:  # this step was the norm's turn
+            self._next_norm_step = step + self._norm_interval
         self._last_sample_s = now_s
         self._last_sample_step = step
         loss = loss if loss is not None else self._last_loss
@@ -244,14 +274,14 @@ class Probe:
 
     def watch(self, optimizer: Any) -> None:
         """Hooks an optimizer: gradient L2 norm before each step, a step sample after it."""
-        every_n = self.config.grad_norm_every_n_steps
-
         def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
-            if ((self._global_step % every_n and not self._force_sample)
+            if ((self._global_step < self._next_norm_step and not self._force_sample)
                     or self._grad_norm_from_trainer):
                 return  # not this step's turn, or the trainer gave its norm
             try:
+                started_s = time.perf_counter()
                 self._last_grad_norm = total_grad_norm(opt)
+                self._norm_costs(time.perf_counter() - started_s)
             except Exception:  # sparse or unusual gradients: no norm, and training goes on
                 self._warn_once("grad_norm", "dsec: gradient norm not computed")
 
