@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
 
 from dsec.actuators.channel import (
@@ -198,12 +198,17 @@ class NodeActuator:
 
     def _consume_loop(self) -> None:
         consumer = Consumer(self._consumer_config)
-
-        def on_assign(_consumer: Consumer, _partitions: list) -> None:
-            self._ready.set()
-
         try:
-            consumer.subscribe([self.config.actuations_topic], on_assign=on_assign)
+            # Every partition, assigned rather than subscribed: the node reads the whole
+            # topic anyway, and without group membership a broker too busy to answer
+            # heartbeats cannot time the node out of its group and hold it in a rebalance
+            # (a member rejoining waits up to max.poll.interval.ms). Committed offsets
+            # still resume a restarted daemon.
+            partitions = self._partitions(consumer)
+            if partitions is None:
+                return
+            consumer.assign(partitions)
+            self._ready.set()
             while not self._stop.is_set():
                 message = consumer.poll(self.config.poll_interval_s)
                 if message is None:
@@ -223,6 +228,21 @@ class NodeActuator:
         finally:
             self._ready.set()
             consumer.close()
+
+    def _partitions(self, consumer: Consumer) -> list[TopicPartition] | None:
+        """The actuation topic's partitions (at their committed offsets); asked again
+        until the topic exists, None when stopped first."""
+        topic = self.config.actuations_topic
+        while not self._stop.is_set():
+            try:
+                metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            except KafkaException as exc:
+                log.warning("dsec node actuator: no metadata for %s: %s", topic, exc)
+                metadata = None
+            if metadata is not None and metadata.error is None and metadata.partitions:
+                return [TopicPartition(topic, partition) for partition in metadata.partitions]
+            self._stop.wait(1.0)
+        return None
 
     def receive(self, value: bytes | None) -> None:
         """Handles one message from the actuation topic."""
