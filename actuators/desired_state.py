@@ -79,11 +79,13 @@ class DesiredStateBook:
             key=lambda c: c.event_time_ms,
         )
 
-    def forget_one_shots(self, key: WorkerKey) -> None:
+    def forget_answered(self, key: WorkerKey, actuation_id: str) -> None:
+        """A one-shot command the worker answered is done; a newer one of its kind that
+        replaced it in the book (delivered or not) stays until its own answer."""
         slots = self._slots.get(key, {})
         for kind in ONE_SHOT:
             slot = slots.get(kind)
-            if slot is not None and slot.delivered:
+            if slot is not None and slot.command.actuation_id == actuation_id:
                 del slots[kind]
 
     def workers(self) -> list[WorkerKey]:

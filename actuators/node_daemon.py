@@ -16,12 +16,13 @@ import os
 import socket
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
 
 from dsec.actuators.channel import (
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
 
 SEND_TIMEOUT_S = 5
+SENT_REMEMBERED = 10_000  # commands sent to workers and not yet answered
 SERVICE = "node-actuator"
 
 
@@ -128,6 +130,9 @@ class NodeActuator:
         self._gate = CommandGate(None, config.signing_key)
         self._book = DesiredStateBook()
         self._connections: dict[WorkerKey, _Connection] = {}
+        # What was sent, by actuation id, until answered: a one-shot command can be replaced
+        # in the book by a newer one before the worker answers it.
+        self._sent: OrderedDict[str, ActuationCommand] = OrderedDict()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -193,12 +198,17 @@ class NodeActuator:
 
     def _consume_loop(self) -> None:
         consumer = Consumer(self._consumer_config)
-
-        def on_assign(_consumer: Consumer, _partitions: list) -> None:
-            self._ready.set()
-
         try:
-            consumer.subscribe([self.config.actuations_topic], on_assign=on_assign)
+            # Every partition, assigned rather than subscribed: the node reads the whole
+            # topic anyway, and without group membership a broker too busy to answer
+            # heartbeats cannot time the node out of its group and hold it in a rebalance
+            # (a member rejoining waits up to max.poll.interval.ms). Committed offsets
+            # still resume a restarted daemon.
+            partitions = self._partitions(consumer)
+            if partitions is None:
+                return
+            consumer.assign(partitions)
+            self._ready.set()
             while not self._stop.is_set():
                 message = consumer.poll(self.config.poll_interval_s)
                 if message is None:
@@ -218,6 +228,21 @@ class NodeActuator:
         finally:
             self._ready.set()
             consumer.close()
+
+    def _partitions(self, consumer: Consumer) -> list[TopicPartition] | None:
+        """The actuation topic's partitions (at their committed offsets); asked again
+        until the topic exists, None when stopped first."""
+        topic = self.config.actuations_topic
+        while not self._stop.is_set():
+            try:
+                metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            except KafkaException as exc:
+                log.warning("dsec node actuator: no metadata for %s: %s", topic, exc)
+                metadata = None
+            if metadata is not None and metadata.error is None and metadata.partitions:
+                return [TopicPartition(topic, partition) for partition in metadata.partitions]
+            self._stop.wait(1.0)
+        return None
 
     def receive(self, value: bytes | None) -> None:
         """Handles one message from the actuation topic."""
@@ -321,6 +346,7 @@ class NodeActuator:
             for command in self._book.desired(key):
                 if connection.send(_apply_frame(command, replay=True)):
                     self.counters.replayed += 1
+                    self._remember_sent(command)
             self._deliver(key)
         if old is not None and old is not connection:
             old.close()
@@ -333,15 +359,23 @@ class NodeActuator:
             if not connection.send(_apply_frame(command, replay=False)):
                 return
             self._book.mark_delivered(key, command.actuation_id)
+            self._remember_sent(command)
             self.counters.delivered += 1
+
+    def _remember_sent(self, command: ActuationCommand) -> None:
+        self._sent[command.actuation_id] = command
+        self._sent.move_to_end(command.actuation_id)
+        if len(self._sent) > SENT_REMEMBERED:
+            self._sent.popitem(last=False)
 
     def _answered(self, key: WorkerKey, identity: WorkerIdentity, answer: Answer) -> None:
         with self._lock:
-            command = next((c for c in self._book.commands()
-                            if c.actuation_id == answer.actuation_id), None)
+            command = self._sent.pop(answer.actuation_id, None) or next(
+                (c for c in self._book.commands() if c.actuation_id == answer.actuation_id),
+                None)
             if answer.status is ActuationStatus.APPLIED:
                 self._book.mark_applied(key, answer.actuation_id)
-            self._book.forget_one_shots(key)
+            self._book.forget_answered(key, answer.actuation_id)
             self._save_desired_state()
         detail = f"re-applied on registration: {answer.detail}" if answer.replay else answer.detail
         result = ActuationResult(

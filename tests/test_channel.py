@@ -78,7 +78,11 @@ def test_desired_state_orders_supersedes_and_replays() -> None:
     book.accept(_command("snap-000", 30, SnapshotParams()))
     book.mark_delivered(key, "snap-000")
     assert [c.actuation_id for c in book.desired(key)] == ["second-0"]  # snapshots are events
-    book.forget_one_shots(key)
+    book.accept(_command("snap-001", 40, SnapshotParams()))  # replaces snap-000, in flight
+    book.mark_delivered(key, "snap-001")
+    book.forget_answered(key, "snap-000")  # the older snapshot's answer
+    assert [c.actuation_id for c in book.commands()] == ["second-0", "snap-001"]
+    book.forget_answered(key, "snap-001")
     assert [c.actuation_id for c in book.commands()] == ["second-0"]
 
 
@@ -97,3 +101,44 @@ def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:
     assert path.exists() and not _listening(path)
     path.unlink()
     path.parent.rmdir()
+
+
+class _FakeConnection:
+    def __init__(self) -> None:
+        self.sent: list[Apply] = []
+
+    def send(self, frame: Apply) -> bool:
+        self.sent.append(frame)
+        return True
+
+
+def test_answers_to_snapshots_in_flight_together_are_reported_with_their_command(
+        tmp_path: Path) -> None:
+    """A worker busy in a long step gets a second snapshot before it answers the first:
+    both answers are reported as snapshots of their own command."""
+    import orjson
+
+    from dsec.actuators import NodeActuator, NodeActuatorConfig
+    from dsec.schemas import encode, now_ms, sign
+
+    key = b"k" * 32
+    published: list[dict] = []
+    daemon = NodeActuator(
+        NodeActuatorConfig(node_id="n", run_dir=tmp_path, actuations_topic="a",
+                           results_topic="r", signing_key=key),
+        {}, lambda _topic, _key, value: published.append(orjson.loads(value)))
+    connection = _FakeConnection()
+    daemon._connections[("j", "w")] = connection
+    at = now_ms()
+    first, second = (sign(_command(f"snap-{i:03d}", at + i, SnapshotParams()), key)
+                     for i in range(2))
+    for command in (first, second):
+        daemon.receive(encode(command))
+    assert [frame.actuation_id for frame in connection.sent] == ["snap-000", "snap-001"]
+    for command in (first, second):
+        daemon._answered(("j", "w"), WORKER, Answer(actuation_id=command.actuation_id,
+                                                    status=ActuationStatus.APPLIED))
+    assert [(r["actuation_id"], r["action_kind"], r["status"], r.get("command_time_ms"))
+            for r in published] == [("snap-000", "snapshot", "applied", at),
+                                    ("snap-001", "snapshot", "applied", at + 1)]
+    assert daemon._book.commands() == []

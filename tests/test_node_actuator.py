@@ -27,6 +27,7 @@ from dsec.kafka_clients import consumer_config, producer_config
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
+    ActuationStatus,
     WorkerIdentity,
     decode,
     encode,
@@ -412,3 +413,19 @@ def test_restarted_daemon_keeps_desired_state_and_workers_reconnect(node) -> Non
         assert worker.registrations >= 2
     finally:
         worker.stop()
+
+
+def test_the_node_takes_every_partition_without_joining_its_group(node) -> None:
+    """No group membership: a broker too busy to answer heartbeats cannot time the node
+    out of its group and hold it in a rebalance while commands wait."""
+    from confluent_kafka.admin import AdminClient
+
+    command = node.command("w-group", GradCompressionParams(bits=8),
+                           event_time_ms=now_ms() - 120_000)
+    node.send(command)
+    assert node.result_for(command.actuation_id)[0].status is ActuationStatus.STALE
+    admin = AdminClient({"bootstrap.servers": node.settings.bootstrap,
+                         **node.settings.kafka_security()})
+    group = node.daemon._consumer_config["group.id"]
+    description = admin.describe_consumer_groups([group])[group].result(timeout=30)
+    assert description.members == []

@@ -85,16 +85,24 @@ def _assign(process: subprocess.Popen, assignment: Assignment) -> None:
     process.stdin.flush()
 
 
-def _arm_env(bootstrap: str, prefix: str, data_dir: Path, key: str, job_id: str,
-             dry_run: bool) -> dict[str, str]:
+def _arm_env(bootstrap: str, prefix: str, arm_dir: Path, sockets_dir: Path, key: str,
+             job_id: str, dry_run: bool) -> dict[str, str]:
+    """An arm's environment: its own topics, data and run folder (the node sockets), its
+    workers taking commands from their node's actuator, as in production."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSEC_")}
     env.update({
         "DSEC_BOOTSTRAP": bootstrap, "DSEC_TOPIC_PREFIX": prefix,
-        "DSEC_DATA_DIR": str(data_dir), "DSEC_SIGNING_KEY": key, "DSEC_JOB_ID": job_id,
-        "DSEC_ACTUATOR_CHANNEL": "kafka", "DSEC_POLICY_DRY_RUN": "1" if dry_run else "0",
+        "DSEC_DATA_DIR": str(arm_dir / "dsec-data"), "DSEC_RUN_DIR": str(sockets_dir),
+        "DSEC_SIGNING_KEY": key, "DSEC_JOB_ID": job_id,
+        "DSEC_ACTUATOR_CHANNEL": "node", "DSEC_POLICY_DRY_RUN": "1" if dry_run else "0",
         "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
     })
     return env
+
+
+def node_id(group: int) -> str:
+    """The node a group's workers run on: one node per data-parallel group."""
+    return f"node-{group:02d}"
 
 
 def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None:
@@ -160,7 +168,8 @@ def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
                         "t": round(decision.event_time_ms / 1000.0 - t0, 2),
                         "policy": decision.policy_name, "decision": kind,
                         "stage": decision.stage,
-                        "worker": decision.identity.worker_id if decision.identity else None})
+                        "worker": decision.identity.worker_id if decision.identity else None,
+                        "detail": decision.detail[:160]})
             if message.offset() + 1 >= ends[message.partition()]:
                 done.add(message.partition())
     finally:
@@ -172,6 +181,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     """Runs both arms at once; returns ``{"baseline": {...}, "dsec": {...}, ...}``."""
     import torch.distributed as dist
 
+    from dsec.actuators.channel import socket_path
     from dsec.infra.kafka_local import LocalKafka
     from dsec.infra.stack import read_stack_state, stop_process
     from dsec.infra.topics import ensure_topics
@@ -182,7 +192,11 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     started_s = time.monotonic()
     run_id = f"goodput-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     kafka = None
-    stacks: list[subprocess.Popen] = []
+    services: list[subprocess.Popen] = []  # each arm's stream jobs and policy engine
+    actuators: list[subprocess.Popen] = []  # the node actuators
+    sockets: list[Path] = []
+    # Unix socket paths are short (108 bytes): the node sockets live under /tmp.
+    sockets_root = Path(tempfile.mkdtemp(prefix="dsec-nodes-"))
     processes: list[subprocess.Popen] = []
     try:
         bootstrap = options.bootstrap
@@ -198,7 +212,8 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             arm_dir = run_dir / arm
             arm_dir.mkdir(parents=True, exist_ok=True)
             prefix = f"{run_id.replace('goodput-', 'gp')}-{arm}"
-            env = _arm_env(bootstrap, prefix, arm_dir / "dsec-data", options.signing_key,
+            arm_sockets = sockets_root / arm
+            env = _arm_env(bootstrap, prefix, arm_dir, arm_sockets, options.signing_key,
                            f"{run_id}-{arm}", dry_run=arm == "baseline")
             envs[arm] = env
             settings = DsecSettings(bootstrap=bootstrap, topic_prefix=prefix,
@@ -209,12 +224,21 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             _publish_snapshot_period(settings, scenario.snapshot_interval_s,
                                      dry_run=arm == "baseline")
             log = (arm_dir / "stack.log").open("wb")
-            stacks.append(subprocess.Popen(
+            services.append(subprocess.Popen(
                 [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap,
                  "--services", "stream-jobs,policy-engine"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             for group in range(groups):
                 store.add(f"{arm}/group-{group}/gen", 0)
+                # The node actuator of each group's node: it keeps its workers' desired
+                # state and gives it back to a worker that restarts.
+                actuator_log = (arm_dir / f"actuator-{node_id(group)}.log").open("wb")
+                actuators.append(subprocess.Popen(
+                    [sys.executable, "-m", "dsec.cli", "actuator", "--node", node_id(group),
+                     "--bootstrap", bootstrap, "--run-dir", str(arm_sockets)],
+                    env={**env, "DSEC_METRICS_PORT": "0"}, stdout=actuator_log,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+                sockets.append(socket_path(arm_sockets, node_id(group)))
         plan_path = run_dir / "plan.json"
         schedule = fault_schedule(scenario, options.workers, options.duration_s, options.seed)
         plan_path.write_text(json.dumps({
@@ -233,11 +257,16 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 processes.append(spare)
                 spares[arm].append(spare)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for arm_dir, stack in zip((run_dir / arm / "dsec-data" for arm in ARMS), stacks,
+        for arm_dir, stack in zip((run_dir / arm / "dsec-data" for arm in ARMS), services,
                                   strict=True):
             while read_stack_state(arm_dir) is None:
                 if stack.poll() is not None or time.monotonic() > deadline:
                     raise ExperimentError(f"a dsec stack did not start; see {arm_dir.parent}")
+                time.sleep(0.2)
+        for socket in sockets:
+            while not socket.exists():
+                if time.monotonic() > deadline:
+                    raise ExperimentError(f"no node actuator listens on {socket}")
                 time.sleep(0.2)
         _wait_ready([slot.process for slot in slots]
                     + [spare for arm in ARMS for spare in spares[arm]], deadline)
@@ -251,7 +280,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 group_size=min(options.workers_per_group,
                                options.workers - (slot.index // options.workers_per_group)
                                * options.workers_per_group),
-                node_id=f"node-{slot.index // options.workers_per_group:02d}",
+                node_id=node_id(slot.index // options.workers_per_group),
                 store_port=store.port, run_dir=str(run_dir), scenario_file=str(plan_path),
                 t0=t0, end_at=end_at, seed=options.seed, incarnation=slot.incarnation,
                 job_id=f"{run_id}-{slot.arm}")
@@ -309,8 +338,9 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         for process in processes:
             if process.poll() is None:
                 process.kill()
-        for stack in stacks:
+        for stack in [*services, *actuators]:
             stop_process(stack)
+        shutil.rmtree(sockets_root, ignore_errors=True)
         if kafka is not None:
             kafka.stop()
             shutil.rmtree(run_dir / "kafka", ignore_errors=True)
