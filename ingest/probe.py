@@ -12,7 +12,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +25,6 @@ from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
 from dsec.schemas.metrics import columns_from_rows, pack_columns
 
 log = logging.getLogger(__name__)
-
-# Losses of unsampled steps awaiting their check: many flushes' worth of fast steps.
-UNCHECKED_LOSSES_MAX = 100_000
 
 StepCallback = Callable[[], None]
 Collector = Callable[[], None]
@@ -121,9 +117,6 @@ class Probe:
         # steps between two gradient norms: fixed, or (adaptive) 10 until measured
         self._norm_interval = self.config.grad_norm_every_n_steps or 10
         self._next_norm_step = 0
-        self._next_sample_step = 0  # the next step due for a sample (norm or not)
-        # (step, loss) of steps not due for a sample, checked for NaN/Inf on the probe's thread
-        self._unchecked_losses: deque[tuple[int, Any]] = deque(maxlen=UNCHECKED_LOSSES_MAX)
         self._norm_cost_s: float | None = None  # smoothed, on the training thread
         self._norms_timed = 0
         self._step_time_s: float | None = None  # smoothed, from the step samples
@@ -164,27 +157,8 @@ class Probe:
         self.run_step_callbacks()
 
     def _sampled(self, step: int) -> bool:
-        return self._force_sample or step >= self._next_sample_step
-
-    def _unsampled_loss(self, step: int, loss: Any) -> bool:
-        """A loss of a step not due for a sample. True when it makes the step a sample now
-        (a NaN/Inf number). A tensor is kept for the probe's thread to check: reading a
-        fresh scalar just after ``backward`` costs ~10 us of a 3 ms step here."""
-        if isinstance(loss, float):
-            return not math.isfinite(loss)
-        self._unchecked_losses.append((step, loss))
-        return False
-
-    def _check_losses(self) -> None:
-        """On the probe's thread: a NaN/Inf loss of a step not sampled becomes that step's
-        sample (without a gradient norm: the gradients are gone by now)."""
-        while True:
-            try:
-                step, loss = self._unchecked_losses.popleft()
-            except IndexError:
-                return
-            if nonfinite_on_host(loss):
-                self._record(("step", now_ms(), step, loss, None, None, None))
+        return (self._force_sample or step % self._step_every == 0
+                or step >= self._next_norm_step)
 
     @property
     def grad_norm_interval_steps(self) -> int:
@@ -208,13 +182,10 @@ class Probe:
 
     def note_loss(self, loss: Any) -> None:
         """Keeps the loss for this step's sample; a tensor is read off the training thread.
-        On a step not due for a sample, a host-side loss is still checked: a NaN/Inf number
-        makes the step sampled (gradient norm included), and a CPU tensor is checked on the
-        probe's thread, a NaN/Inf there being reported as that step's sample; so a NaN
-        burst is never missed on CPU."""
-        step = self._global_step
-        if not self._sampled(step):
-            if not self._unsampled_loss(step, loss):
+        On a step not due for a sample, a host-side loss is still checked: a NaN/Inf makes
+        the step sampled (gradient norm included), so a NaN burst is never missed on CPU."""
+        if not self._sampled(self._global_step):
+            if not nonfinite_on_host(loss):
                 return
             self._force_sample = True
         self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
@@ -233,11 +204,12 @@ class Probe:
         A sample is recorded every ``step_sample_every_n_steps`` steps and on every step whose
         gradient norm is computed; other steps only count (the hot path stays a few
         microseconds). The sample's step time is the mean since the previous sample. A
-        host-side loss is checked on every step, as ``note_loss`` does.
+        host-side loss is checked on every step, as ``note_loss`` does: a NaN/Inf makes the
+        step a sample.
         """
-        step = self._global_step
-        if loss is not None and not self._sampled(step) and self._unsampled_loss(step, loss):
+        if loss is not None and nonfinite_on_host(loss):
             self._force_sample = True
+        step = self._global_step
         self._global_step = step + 1
         if not self._sampled(step):
             if self._step_callbacks:
@@ -250,8 +222,6 @@ class Probe:
             self._step_time_s = smoothed(self._step_time_s, step_time_ms / 1000.0)
         if step >= self._next_norm_step:  # this step was the norm's turn
             self._next_norm_step = step + self._norm_interval
-        every = self._step_every
-        self._next_sample_step = min((step // every + 1) * every, self._next_norm_step)
         self._last_sample_s = now_s
         self._last_sample_step = step
         loss = loss if loss is not None else self._last_loss
@@ -394,7 +364,6 @@ class Probe:
 
     def _flush_once(self, force_heartbeat: bool = False) -> None:
         self._transport.poll()
-        self._check_losses()
         self._run_collectors()
         while self._send_chunk():
             pass
