@@ -27,7 +27,7 @@ from dsec.experiment.worker import Assignment
 
 ARMS = ("baseline", "dsec")
 SPARES_PER_ARM = 2
-WORKER_NICENESS = 10
+WORKER_NICENESS = 19
 READY_TIMEOUT_S = 240.0
 
 
