@@ -242,13 +242,16 @@ def test_killed_and_restarted_worker_gets_its_desired_state_back(node, tmp_path)
         worker.wait(10)
         state_path.unlink()
         worker = _start_worker(node, "w-restart", state_path)
-        again = wait_for(lambda: (s := _read_state(state_path)) and s["precision"] == "bf16"
-                         and s, 60, what="the desired state back in the new worker")
+        desired = {"precision": "bf16", "grad_compression_bits": 8, "sampler_paused": True,
+                   "memory_cap_bytes": 8 * GIB}
+
+        def restored() -> dict | None:
+            # the replayed commands land over a step or two: wait for all of them
+            state = _read_state(state_path)
+            return state if state and {k: state[k] for k in desired} == desired else None
+
+        again = wait_for(restored, 60, what="the desired state back in the new worker")
         assert again["pid"] != first["pid"]
-        assert {k: again[k] for k in ("precision", "grad_compression_bits", "sampler_paused",
-                                      "memory_cap_bytes")} == {
-            "precision": "bf16", "grad_compression_bits": 8, "sampler_paused": True,
-            "memory_cap_bytes": 8 * GIB}
         replayed = node.result_for(commands[0].actuation_id, count=2)[1]
         assert replayed.status.value == "applied"
         assert replayed.detail.startswith("re-applied on registration")
