@@ -22,7 +22,7 @@ class ProbeConfig(BaseSettings):
     # every N steps when set; by default (None) spaced so that the norms cost at most
     # grad_norm_budget_fraction of the training time, measured as it goes (every 10th step
     # until it knows), at least every grad_norm_max_interval_steps steps. A fused norm just
-    # after backward takes 100-300 us on one CPU thread, so a 3 ms CPU step gets one every
+    # after backward takes 150-400 us on one CPU thread, so a 3 ms CPU step gets one every
     # ~50 steps and a GPU step of tens of milliseconds one every step or two.
     grad_norm_every_n_steps: int | None = Field(default=None, ge=1)
     grad_norm_budget_fraction: float = Field(default=0.002, gt=0, le=1)

@@ -172,10 +172,7 @@ class Probe:
         if self._norms_timed == 1:
             return
         self._norm_cost_s = smoothed(self._norm_cost_s, cost_s)
-        self._respace_norms()
-
-    def _respace_norms(self) -> None:
-        if self._adaptive_norms and self._norm_cost_s is not None and self._step_time_s:
+        if self._adaptive_norms and self._step_time_s:
             self._norm_interval = norm_interval_steps(
                 self._norm_cost_s, self._step_time_s, self.config.grad_norm_budget_fraction,
                 self.config.grad_norm_max_interval_steps)

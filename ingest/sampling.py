@@ -1,7 +1,7 @@
 """How often the probe pays for a gradient norm: pure functions, tested on their own.
 
 A norm read on the training thread right after ``backward`` meets cold caches: on a small
-CPU step it costs 100-300 us, a tenth of a 3 ms step. On a GPU it is a kernel launch of a
+CPU step it costs 150-400 us, a tenth of a 3 ms step. On a GPU it is a kernel launch of a
 few tens of microseconds against steps of tens of milliseconds. A fixed interval is
 either too costly on the first or needlessly sparse on the second, so by default the
 probe spaces its norms to keep their cost within a budget share of the step time.
