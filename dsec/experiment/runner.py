@@ -63,9 +63,13 @@ def _spawn_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
     # Workers run at a lower CPU priority than the dsec stacks, in both arms alike: on a
     # real cluster the stream jobs and the policy engine have machines of their own and
     # do not queue behind the trainers for CPU, as they would on one small host.
+    # A process group of their own (out of a terminal's Ctrl-C), but not a session: where
+    # the kernel groups CPU time by session (autogroup), a session per worker would give
+    # each one a whole session's share whatever its nice value, and 16 of them would
+    # outweigh the broker and the stacks 16 to 1.
     process = subprocess.Popen(
         [sys.executable, "-m", "dsec.experiment.worker", str(ready_file)], env=env,
-        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
         preexec_fn=lambda: os.nice(WORKER_NICENESS))
     process.ready_file = ready_file  # type: ignore[attr-defined]
     return process
