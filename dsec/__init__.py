@@ -34,6 +34,7 @@ __all__ = [
     "RestoredState",
     "WorkerControls",
     "WorkerRuntime",
+    "apply_pending",
     "autocast",
     "clip_grad_norm_",
     "controls",
@@ -176,6 +177,12 @@ def on_action(kind: ActionKind | str) -> Callable[[Callable[[Any], str | None]],
         return hook
 
     return register
+
+
+def apply_pending() -> int:
+    """Applies the actuation commands that arrived since the last step boundary, now (a
+    safe point of the loop's own, such as the start of an update); returns how many."""
+    return current().apply_pending()
 
 
 def controls() -> WorkerControls:

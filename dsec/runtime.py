@@ -194,6 +194,17 @@ class WorkerRuntime:
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
 
+    def apply_pending(self) -> int:
+        """Applies the commands that arrived since the last step boundary, now; returns how
+        many. Steps and episode ends do this on their own; a loop calls it at a safe point
+        of its own (the start of an update, after a long rollout) so that a command does
+        not wait for the next optimizer step."""
+        if self.channel is not None:
+            return self.channel.apply_pending()
+        if self.actuator is not None:
+            return self.actuator.apply_pending()
+        return 0
+
     def watch_ddp(self, ddp_model: Any, state: Any = None, inner: CommHook | None = None) -> None:
         """Times every gradient bucket DDP all-reduces (``inner``: a hook of your own)."""
         ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, inner))

@@ -204,6 +204,25 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
         dsec.shutdown()
 
 
+def test_a_loop_applies_commands_at_a_safe_point_of_its_own(node) -> None:
+    # Between two updates (a long rollout) no optimizer step comes; the loop says where.
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    runtime = dsec.init(worker_id="w-safe", node_id=NODE, optimizer=optimizer,
+                        settings=node.settings)
+    try:
+        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+        command = node.command("w-safe", PrecisionParams(dtype="fp16"))
+        node.send(command)
+        wait_for(lambda: dsec.apply_pending() > 0, 30, interval_s=0.02, what="the command")
+        assert dsec.controls().precision.dtype == "fp16"
+        assert runtime.probe.global_step == 0
+        wait_for(lambda: any(r.actuation_id == command.actuation_id
+                             for r in node.poll_results()), 30, what="the answer")
+    finally:
+        dsec.shutdown()
+
+
 def _start_worker(node, worker_id: str, state_path: Path) -> subprocess.Popen:
     env = {**os.environ, "DSEC_BOOTSTRAP": node.settings.bootstrap,
            "DSEC_TOPIC_PREFIX": node.settings.topic_prefix, "DSEC_JOB_ID": node.settings.job_id,

@@ -9,7 +9,7 @@ import dsec.actuators
 def test_dsec_public_names() -> None:
     assert set(dsec.__all__) == {
         "ActionKind", "ProbeConfig", "ProbeCounters", "RestoredState", "WorkerControls",
-        "WorkerRuntime", "autocast", "clip_grad_norm_", "controls", "current",
+        "WorkerRuntime", "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
         "enable_snapshots", "init", "note_grad_norm", "on_action", "report_episode_end",
         "report_step", "restore", "sb3_callback", "shutdown", "training_step", "watch_ddp",
         "wrap_env",

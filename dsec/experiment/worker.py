@@ -406,6 +406,9 @@ def main() -> int:
         return int(control[0]), dtype
 
     def train(batch: Any) -> None:
+        # The update's start is a safe point: commands that came during the rollout (where
+        # long episodes leave few step boundaries) take effect before its first step.
+        dsec.apply_pending()
         window, dtype = group_settings()
         scaler = group_precision["scaler"]
         autocast_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
