@@ -409,12 +409,17 @@ def main() -> int:
         # The update's start is a safe point: commands that came during the rollout (where
         # long episodes leave few step boundaries) take effect before its first step.
         dsec.apply_pending()
-        window, dtype = group_settings()
-        scaler = group_precision["scaler"]
-        autocast_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
-        micro = 0
+        micro = 0  # micro-steps into the current optimizer step's window
+        window, scaler, dtype = 1, group_precision["scaler"], "fp32"
         for _epoch in range(config.epochs):
             for index in batch.minibatches(config.minibatches, generator):
+                if micro == 0:
+                    # Every optimizer step starts with the group's agreement, so a command
+                    # applied after the last step (a precision downgrade) is in force for
+                    # the next one, not one update later.
+                    window, dtype = group_settings()
+                    scaler = group_precision["scaler"]
+                autocast_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
                 with torch.autocast("cpu", dtype=autocast_dtype, enabled=dtype != "fp32"):
                     loss = ppo_loss(model, batch.obs[index], batch.actions[index],
                                     batch.log_probs[index], batch.advantages[index],
@@ -423,8 +428,9 @@ def main() -> int:
                 scaler.scale(loss).backward()
                 micro += 1
                 gpu.run_kernels(TRAIN_KERNEL_S)
-                if micro % window:
+                if micro < window:
                     continue
+                micro = 0
                 sync_gradients()
                 scaler.unscale_(optimizer)
                 dsec.clip_grad_norm_(params, config.max_grad_norm)
@@ -434,6 +440,8 @@ def main() -> int:
                 optimizer.zero_grad(set_to_none=False)
                 if not all(bool(torch.isfinite(p).all()) for p in params):
                     die("nan", "non-finite weights after an optimizer step")
+        if micro:  # an unfinished window: its gradients are not carried into the next update
+            optimizer.zero_grad(set_to_none=False)
 
     for p in params:
         p.grad = torch.zeros_like(p)
