@@ -215,11 +215,10 @@ class WorkerRuntime:
             self._undo_all_reduce = None
         if self.nvml is not None:
             self.nvml.stop()
+        self.apply_pending()
         if self.actuator is not None:
-            self.actuator.apply_pending()
             self.actuator.stop()
         if self.channel is not None:
-            self.channel.apply_pending()
             self.channel.stop()
         snapshotter = self.controls.snapshot.snapshotter
         if snapshotter is not None:

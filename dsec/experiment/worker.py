@@ -410,7 +410,6 @@ def main() -> int:
         # long episodes leave few step boundaries) take effect before its first step.
         dsec.apply_pending()
         micro = 0  # micro-steps into the current optimizer step's window
-        window, scaler, dtype = 1, group_precision["scaler"], "fp32"
         for _epoch in range(config.epochs):
             for index in batch.minibatches(config.minibatches, generator):
                 if micro == 0:
