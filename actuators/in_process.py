@@ -44,7 +44,10 @@ class InProcessActuator:
         hooks: ApplyHooks,
         signing_key: bytes,
         publish: Publish,
+        on_command: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_command`` is called (on the consumer's thread) after a command is queued for
+        ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it."""
         self.identity = identity
         self.hooks = hooks
         self._consumer_config = {**consumer_config, "enable.auto.commit": False}
@@ -53,6 +56,7 @@ class InProcessActuator:
         self._gate = CommandGate(identity, signing_key)
         self._order = DesiredStateBook()  # rejects a command older than the one in force
         self._publish = publish
+        self._on_command = on_command
         self._inbox: queue.SimpleQueue[ActuationCommand] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -122,6 +126,7 @@ class InProcessActuator:
             return
         if self._gate.addressed_here(command):
             self._inbox.put(command)
+            self._on_command()
 
     def apply_pending(self) -> int:
         """Applies queued commands; call on the training thread at a step boundary."""

@@ -14,6 +14,7 @@ import queue
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from dsec.actuators.apply_hooks import ApplyHooks
@@ -39,11 +40,15 @@ class WorkerChannel:
         reconnect_interval_s: float = 0.5,
         remember: int = 10_000,
         max_unsent: int = 1_000,
+        on_command: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_command`` is called (on the channel's thread) after a command is queued for
+        ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it."""
         self.identity = identity
         self.path = path
         self.hooks = hooks
         self._reconnect_interval_s = reconnect_interval_s
+        self._on_command = on_command
         self._inbox: queue.SimpleQueue[Apply] = queue.SimpleQueue()
         self._unsent: list[Answer] = []
         self._max_unsent = max_unsent
@@ -87,6 +92,7 @@ class WorkerChannel:
                     frame = read_frame(sock)
                     if isinstance(frame, Apply):
                         self._inbox.put(frame)
+                        self._on_command()
             except (ChannelError, OSError) as exc:
                 if not self._stop.is_set():
                     log.debug("dsec worker channel: %s", exc)

@@ -33,7 +33,8 @@ from dsec.settings import DsecSettings
 
 log = logging.getLogger(__name__)
 
-MEMORY_CHECK_EVERY_STEPS = 50
+# The step callbacks run at sampled steps and at least once a flush interval (10 a second).
+MEMORY_CHECK_EVERY_RUNS = 10
 MEMORY_WARNING_INTERVAL_S = 60.0
 
 
@@ -122,7 +123,8 @@ class WorkerRuntime:
             settings.actuator_channel == "auto" and _listening(node_socket)
         )
         if actuate and use_node:
-            self.channel = WorkerChannel(identity, node_socket, self.hooks)
+            self.channel = WorkerChannel(identity, node_socket, self.hooks,
+                                         on_command=self.probe.wake)
             self.probe.add_step_callback(self.channel.apply_pending)
         elif actuate:
             self.actuator = InProcessActuator(
@@ -135,6 +137,7 @@ class WorkerRuntime:
                 hooks=self.hooks,
                 signing_key=settings.signing_key_bytes(),
                 publish=self.probe.publish,
+                on_command=self.probe.wake,
             )
             self.probe.add_step_callback(self.actuator.apply_pending)
 
@@ -152,7 +155,7 @@ class WorkerRuntime:
         """The CPU soft budget is enforced by reporting: a violation is counted, logged and
         published as a failed result of the cap in force, at most once a minute."""
         self._memory_checks += 1
-        if self._memory_checks % MEMORY_CHECK_EVERY_STEPS:
+        if self._memory_checks % MEMORY_CHECK_EVERY_RUNS:
             return
         cap = self.controls.memory_cap
         over_bytes = cap.check()

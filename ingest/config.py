@@ -14,19 +14,26 @@ class ProbeConfig(BaseSettings):
     buffer_max_samples: int = Field(default=100_000, ge=1)
     # One Kafka message stays well under the broker's 1 MB default after a long outage.
     max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
-    # Any Python run after an optimizer step meets cold caches (~10 us); on a 2 ms step, a
-    # sample every step would cost ~2 %; every 10th step (the default) pays it a tenth as often;
-    # the other steps are only counted. Set to 1 for every step.
-    step_sample_every_n_steps: int = Field(default=10, ge=1)
-    # The probe's own gradient norm (when the trainer does not hand over its clipping norm):
-    # every N steps when set; by default (None) spaced so that the norms cost at most
-    # grad_norm_budget_fraction of the training time, measured as it goes (every 10th step
-    # until it knows), at least every grad_norm_max_interval_steps steps. A fused norm just
-    # after backward takes 150-400 us on one CPU thread, so a 3 ms CPU step gets one every
-    # ~50 steps and a GPU step of tens of milliseconds one every step or two.
+    # Python run on the training thread after a step meets cold caches: a step sample (loss,
+    # mean step time) costs 20-60 us on a 2 ms CPU step, a gradient norm 80-400 us. Each is
+    # taken every N steps when set; by default (None) spaced so that it costs at most its
+    # budget fraction of the training time, measured as it goes (every 10th step until it
+    # knows), and at least every max_interval steps. A CPU step of 2-3 ms gets a sample every
+    # ~15 steps and a norm every ~40; a GPU step of tens of milliseconds gets both every step.
+    # Steps between samples are only counted.
+    step_sample_every_n_steps: int | None = Field(default=None, ge=1)
+    step_sample_budget_fraction: float = Field(default=0.001, gt=0, le=1)
+    step_sample_max_interval_steps: int = Field(default=50, ge=1)
+    # The probe's own gradient norm, when the trainer does not hand over its clipping norm.
     grad_norm_every_n_steps: int | None = Field(default=None, ge=1)
-    grad_norm_budget_fraction: float = Field(default=0.002, gt=0, le=1)
+    grad_norm_budget_fraction: float = Field(default=0.001, gt=0, le=1)
     grad_norm_max_interval_steps: int = Field(default=100, ge=1)
+    # Also check the loss of every step between samples for NaN/Inf (the flusher reads them;
+    # a bad one becomes a sample of its own). Off by default: reading every loss costs about
+    # as much as the rest of the probe on a 2 ms step, and a NaN that reaches the weights
+    # shows in every later loss, so the next sample reports it anyway. What it adds is a NaN
+    # the trainer skipped on its own (as AMP's GradScaler does).
+    loss_check_every_step: bool = False
     message_timeout_s: float = Field(default=300.0, gt=0)
     shutdown_flush_timeout_s: float = Field(default=10.0, ge=0)
     # Local queue of the Kafka client, in messages (one message is one flush).

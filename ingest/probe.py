@@ -1,9 +1,11 @@
 """The probe: records health samples from the training thread and ships them off it.
 
 The training thread only appends small tuples to a bounded buffer (one lock, no
-I/O, no device sync). A background thread turns them into one ``MetricBatch``
-message per flush interval, adds the heartbeat, and hands it to the transport.
-Every sample that cannot be kept is counted and reported in the next heartbeat.
+I/O, no device sync), and on most steps not even that: it counts the step and keeps a
+reference to its loss. A background thread checks those losses for NaN/Inf, turns the
+samples into one ``MetricBatch`` message per flush interval, adds the heartbeat, and hands
+it to the transport. Every sample that cannot be kept is counted and reported in the next
+heartbeat.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +22,20 @@ from typing import Any
 import orjson
 
 from dsec.ingest.config import ProbeConfig
-from dsec.ingest.sampling import norm_interval_steps, smoothed
+from dsec.ingest.encode import batch_columns, pack_long_columns
+from dsec.ingest.sampling import SpacedWork, smoothed
 from dsec.ingest.transport import Transport
+from dsec.ingest.values import host_value, nonfinite_flags
 from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
-from dsec.schemas.metrics import columns_from_rows, pack_columns
 
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[], None]
 Collector = Callable[[], None]
+
+# Losses of steps between samples, waiting for the flusher's NaN/Inf check. Beyond this many
+# (a flusher held up for seconds on a fast loop) the oldest go unchecked.
+LOSS_CHECKS_MAX = 8192
 
 
 @dataclass(frozen=True)
@@ -39,36 +47,10 @@ class ProbeCounters:
     messages_failed: int
 
 
-def _as_float(value: Any) -> float | None:
-    if value is None:
-        return None
-    return float(value.item() if hasattr(value, "item") else value)
-
-
-def _finite_or_flag(value: Any) -> tuple[float | None, bool]:
-    number = _as_float(value)
-    if number is None:
-        return None, False
-    if math.isfinite(number):
-        return number, False
-    return None, True
-
-
-def nonfinite_on_host(value: Any) -> bool:
-    """True when ``value`` is a NaN/Inf that can be read without a device sync: a number,
-    or a one-element CPU tensor (a microsecond). A device tensor is not read: it is checked
-    on sampled steps only, off the training thread."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if not getattr(value, "is_cpu", False) or value.numel() != 1:  # ``.device``: 10x slower
-        return False
-    return not math.isfinite(value.item())
-
-
 def total_grad_norm(optimizer: Any) -> Any:
     """L2 norm of every gradient the optimizer holds, as a tensor (no device sync), or None.
 
-    One fused ``_foreach_norm`` per device; per-device results meet on the first device.
+    One fused ``_foreach_norm``; gradients on several devices meet on the first one's.
     """
     import torch
 
@@ -79,8 +61,11 @@ def total_grad_norm(optimizer: Any) -> Any:
         return None
     with torch.no_grad():
         norms = torch._foreach_norm(grads)
-        device = norms[0].device
-        return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+        try:  # one device, the common case: no per-norm ``.to`` on the training thread
+            return torch.linalg.vector_norm(torch.stack(norms))
+        except RuntimeError:
+            device = norms[0].device
+            return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
 class Probe:
@@ -95,6 +80,11 @@ class Probe:
         self.config = config or ProbeConfig()
         self._topic = metrics_topic
         self._key = identity.worker_id.encode()
+        self._identity_fields = identity.model_dump()
+        # Message ids: a random 64-bit prefix per probe and a counter (a uuid4 per message
+        # costs a system call, ~70 us on the flusher's cold start).
+        self._id_prefix = new_event_id()[:16]
+        self._messages_encoded = 0
         self._transport = transport
         self._lock = threading.Lock()
         self._pending: list[tuple] = []
@@ -109,18 +99,29 @@ class Probe:
         self._last_loss: Any = None
         self._last_grad_norm: Any = None
         self._grad_norm_from_trainer = False
-        self._force_sample = False  # a non-finite loss seen on a step not due for a sample
         self._last_sample_s: float | None = None
         self._last_sample_step = 0
-        self._step_every = self.config.step_sample_every_n_steps
-        self._adaptive_norms = self.config.grad_norm_every_n_steps is None
-        # steps between two gradient norms: fixed, or (adaptive) 10 until measured
-        self._norm_interval = self.config.grad_norm_every_n_steps or 10
+        # (step, loss) of steps between samples, checked for NaN/Inf by the flusher when asked
+        self._check_every_loss = self.config.loss_check_every_step
+        self._loss_checks: deque[tuple[int, Any]] = deque(maxlen=LOSS_CHECKS_MAX)
+        # steps between two samples and between two norms: fixed, or (adaptive) 10 until
+        # their cost is measured
+        config = self.config
+        self._samples = SpacedWork(config.step_sample_budget_fraction,
+                                   config.step_sample_max_interval_steps,
+                                   config.step_sample_every_n_steps)
+        self._norms = SpacedWork(config.grad_norm_budget_fraction,
+                                 config.grad_norm_max_interval_steps,
+                                 config.grad_norm_every_n_steps)
+        self._next_sample_step = 0
         self._next_norm_step = 0
-        self._norm_cost_s: float | None = None  # smoothed, on the training thread
-        self._norms_timed = 0
         self._step_time_s: float | None = None  # smoothed, from the step samples
+        # Steps before this one only count (the fast path): the sooner of the next sample and
+        # the next norm, or 0 after a ``wake`` or a NaN/Inf float loss.
+        self._fast_until_step = 0
+        self._forced_step = -1  # a step made a sample by its NaN/Inf float loss
         self._step_callbacks: list[StepCallback] = []
+        self._wake = False  # run the step callbacks at the next step boundary
         self._collectors: list[Collector] = []
         self._failed_collectors: set[int] = set()
         self._warned: set[str] = set()
@@ -154,43 +155,51 @@ class Probe:
              termination_reason)
         )
         self._episode_index += 1
-        self.run_step_callbacks()
+        if self._wake:
+            self.run_step_callbacks()
 
-    def _sampled(self, step: int) -> bool:
-        return (self._force_sample or step % self._step_every == 0
-                or step >= self._next_norm_step)
+    def _due(self, step: int) -> bool:
+        return (step >= self._next_sample_step or step >= self._next_norm_step
+                or step == self._forced_step)
+
+    def _force(self, step: int) -> None:
+        """Makes ``step`` a sample, gradient norm included: its loss is a NaN/Inf number."""
+        self._forced_step = step
+        self._fast_until_step = 0
 
     @property
     def grad_norm_interval_steps(self) -> int:
         """Steps between two gradient norms, as the probe spaces them now."""
-        return self._norm_interval
+        return self._norms.interval_steps
 
-    def _norm_costs(self, cost_s: float) -> None:
-        """One norm's cost on the training thread: the interval follows it (adaptive). The
-        first norm is not counted: it pays for torch's first call of the kernels."""
-        self._norms_timed += 1
-        if self._norms_timed == 1:
-            return
-        self._norm_cost_s = smoothed(self._norm_cost_s, cost_s)
-        if self._adaptive_norms and self._step_time_s:
-            self._norm_interval = norm_interval_steps(
-                self._norm_cost_s, self._step_time_s, self.config.grad_norm_budget_fraction,
-                self.config.grad_norm_max_interval_steps)
+    @property
+    def step_sample_interval_steps(self) -> int:
+        """Steps between two step samples, as the probe spaces them now."""
+        return self._samples.interval_steps
 
     def note_loss(self, loss: Any) -> None:
         """Keeps the loss for this step's sample; a tensor is read off the training thread.
-        On a step not due for a sample, a host-side loss is still checked: a NaN/Inf makes
-        the step sampled (gradient norm included), so a NaN burst is never missed on CPU."""
-        if not self._sampled(self._global_step):
-            if not nonfinite_on_host(loss):
+
+        On a step not due for a sample, a loss given as a number is checked (a NaN/Inf one
+        makes the step a sample, gradient norm included); a tensor is not read, unless
+        ``loss_check_every_step``: then it is queued, and the flusher reads it and records a
+        sample for the step when it is NaN/Inf. Either way the training thread never waits
+        for a device.
+        """
+        if self._global_step < self._fast_until_step:
+            if isinstance(loss, float) and not math.isfinite(loss):
+                self._force(self._global_step)
+            elif self._check_every_loss:
+                self._loss_checks.append((self._global_step, loss))
                 return
-            self._force_sample = True
-        self._last_loss = loss.detach() if hasattr(loss, "detach") else loss
+            else:
+                return
+        self._last_loss = host_value(loss)
 
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
         the probe uses it for this step instead of computing its own."""
-        if total_norm is None or not self._sampled(self._global_step):
+        if total_norm is None or not self._due(self._global_step):
             return
         self._last_grad_norm = total_norm.detach() if hasattr(total_norm, "detach") else total_norm
         self._grad_norm_from_trainer = True
@@ -198,27 +207,45 @@ class Probe:
     def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
         """One optimizer step; called by the optimizer hook or by a custom loop.
 
-        A sample is recorded every ``step_sample_every_n_steps`` steps and on every step whose
-        gradient norm is computed; other steps only count (the hot path stays a few
-        microseconds). The sample's step time is the mean since the previous sample. A
-        host-side loss is checked on every step, as ``note_loss`` does: a NaN/Inf makes the
-        step a sample.
+        A sample is recorded every ``step_sample_interval_steps`` steps and on every step whose
+        gradient norm is computed; other steps only count (the fast path: a microsecond or
+        two, cold caches included) and check a loss given as a number, as ``note_loss``
+        does. The sample's step time is the mean since the previous sample.
         """
-        if loss is not None and nonfinite_on_host(loss):
-            self._force_sample = True
         step = self._global_step
         self._global_step = step + 1
-        if not self._sampled(step):
-            if self._step_callbacks:
-                self.run_step_callbacks()
-            return
+        if step < self._fast_until_step:
+            if isinstance(loss, float) and not math.isfinite(loss):
+                self._force(step)  # a number is checked on every step: no device involved
+            else:
+                if loss is not None and self._check_every_loss:
+                    self._loss_checks.append((step, loss))
+                return
+        self._step_boundary(step, loss, grad_norm)
+
+    def _step_boundary(self, step: int, loss: Any, grad_norm: Any) -> None:
+        """A step off the fast path: its sample when due, the step callbacks when woken."""
+        if self._due(step):
+            self._sample(step, loss, grad_norm)
+        elif loss is not None and self._check_every_loss:
+            self._loss_checks.append((step, loss))
+        if self._wake:
+            self.run_step_callbacks()
+        else:
+            self._fast_until_step = min(self._next_sample_step, self._next_norm_step)
+            if self._wake:  # a wake that came while the line above ran is not overwritten
+                self._fast_until_step = 0
+
+    def _sample(self, step: int, loss: Any, grad_norm: Any) -> None:
         now_s = time.perf_counter()
         step_time_ms = None
         if self._last_sample_s is not None and step > self._last_sample_step:
             step_time_ms = (now_s - self._last_sample_s) * 1000.0 / (step - self._last_sample_step)
             self._step_time_s = smoothed(self._step_time_s, step_time_ms / 1000.0)
         if step >= self._next_norm_step:  # this step was the norm's turn
-            self._next_norm_step = step + self._norm_interval
+            self._next_norm_step = step + self._norms.interval_steps
+        if step >= self._next_sample_step:  # and the sample's
+            self._next_sample_step = step + self._samples.interval_steps
         self._last_sample_s = now_s
         self._last_sample_step = step
         loss = loss if loss is not None else self._last_loss
@@ -227,10 +254,9 @@ class Probe:
         self._last_loss = None
         self._last_grad_norm = None
         self._grad_norm_from_trainer = False
-        self._force_sample = False
         source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
         self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
-        self.run_step_callbacks()
+        self._samples.took(time.perf_counter() - now_s, self._step_time_s)
 
     def record_grad_sync(
         self,
@@ -254,15 +280,30 @@ class Probe:
         self._collectors.append(collector)
 
     def add_step_callback(self, callback: StepCallback) -> None:
-        """Runs ``callback`` on the training thread at every step and episode boundary."""
+        """Runs ``callback`` on the training thread at the first step or episode boundary
+        after a ``wake``: at least once a flush interval while steps go on (the flusher
+        wakes them), and one step after a command arrived. Steps in between pay nothing
+        for it."""
         self._step_callbacks.append(callback)
 
+    def wake(self) -> None:
+        """Asks for the step callbacks at the next step boundary; from any thread (an
+        arrived command is applied one step later, not at the next sample)."""
+        self._wake = True
+        self._fast_until_step = 0
+
     def run_step_callbacks(self) -> None:
+        """Runs the step callbacks now (on the training thread) and sets the fast path up
+        to the next step due for a sample or a norm."""
+        self._wake = False  # first: a wake during the callbacks asks for another run
         for callback in self._step_callbacks:
             try:
                 callback()
             except Exception:  # telemetry never crashes the training loop
                 log.exception("dsec step callback failed")
+        self._fast_until_step = min(self._next_sample_step, self._next_norm_step)
+        if self._wake:  # a wake that came while the line above ran is not overwritten
+            self._fast_until_step = 0
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -270,26 +311,37 @@ class Probe:
             log.exception(message)
 
     def watch(self, optimizer: Any) -> None:
-        """Hooks an optimizer: gradient L2 norm before each step, a step sample after it."""
-        def before_step(opt: Any, _args: Any, _kwargs: Any) -> None:
-            if ((self._global_step < self._next_norm_step and not self._force_sample)
-                    or self._grad_norm_from_trainer):
-                return  # not this step's turn, or the trainer gave its norm
-            try:
-                started_s = time.perf_counter()
-                self._last_grad_norm = total_grad_norm(opt)
-                self._norm_costs(time.perf_counter() - started_s)
-            except Exception:  # sparse or unusual gradients: no norm, and training goes on
-                self._warn_once("grad_norm", "dsec: gradient norm not computed")
+        """Hooks an optimizer: after each step, the step is counted; on a step due for it,
+        the gradient L2 norm is taken and a sample recorded.
 
-        def after_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        One post-step hook does it all (a second hook would cost every step a call). The
+        norm is taken after the step: the optimizers read the gradients without changing
+        them, and they are still in the cache then.
+        """
+        def after_step(opt: Any, _args: Any, _kwargs: Any) -> None:
+            step = self._global_step  # the fast path, inline: no call on most steps
+            self._global_step = step + 1
+            if step < self._fast_until_step:
+                return
+            if ((step >= self._next_norm_step or step == self._forced_step)
+                    and not self._grad_norm_from_trainer):
+                self._take_norm(opt)
             try:
-                self.record_step()
+                self._step_boundary(step, None, None)
             except Exception:
                 self._warn_once("record_step", "dsec: step not recorded")
 
-        self._hook_handles.append(optimizer.register_step_pre_hook(before_step))
         self._hook_handles.append(optimizer.register_step_post_hook(after_step))
+        # a step time spans watched steps only: none runs across the time unwatched
+        self._last_sample_s = None
+
+    def _take_norm(self, optimizer: Any) -> None:
+        try:
+            started_s = time.perf_counter()
+            self._last_grad_norm = host_value(total_grad_norm(optimizer))
+            self._norms.took(time.perf_counter() - started_s, self._step_time_s)
+        except Exception:  # sparse or unusual gradients: no norm, and training goes on
+            self._warn_once("grad_norm", "dsec: gradient norm not computed")
 
     def unwatch(self) -> None:
         """Removes the optimizer hooks (the probe keeps running)."""
@@ -359,9 +411,32 @@ class Probe:
                     self._failed_collectors.add(index)
                     log.exception("dsec collector %r failed; it keeps being called", collector)
 
+    def _check_losses(self) -> None:
+        """Reads the losses of the steps between samples, all at once; a NaN/Inf one
+        becomes a sample of its own (no gradient norm: its gradients are gone by now)."""
+        checks = self._loss_checks
+        taken: list[tuple[int, Any]] = []
+        while checks:
+            try:
+                taken.append(checks.popleft())
+            except IndexError:
+                break
+        if not taken:
+            return
+        try:
+            flags = nonfinite_flags([loss for _step, loss in taken])
+        except Exception:  # not numbers after all: nothing to report
+            self._warn_once("loss_check", "dsec: losses could not be read")
+            return
+        for (step, loss), bad in zip(taken, flags, strict=True):
+            if bad:
+                self._record(("step", now_ms(), step, loss, None, None, None))
+
     def _flush_once(self, force_heartbeat: bool = False) -> None:
         self._transport.poll()
+        self._check_losses()
         self._run_collectors()
+        self.wake()  # the step callbacks run at least once a flush interval
         while self._send_chunk():
             pass
         now_s = time.monotonic()
@@ -417,66 +492,18 @@ class Probe:
                 self._pending[:0] = batch
         return accepted
 
-    def _encode(self, batch: list[tuple]) -> bytes:
-        batch_id = new_event_id()
-        samples = [self._sample_dict(batch_id, index, raw) for index, raw in enumerate(batch)]
-        message = {
-            "schema_version": SCHEMA_VERSION,
-            "event_id": batch_id,
-            "event_time_ms": now_ms(),
-            "identity": self.identity.model_dump(),
-            # Packed columns: a fraction of the bytes of rows, and what the stream jobs read
-            # fastest.
-            "columns": pack_columns(columns_from_rows(samples)),
-        }
-        return orjson.dumps(message)
+    def _next_message_number(self) -> int:
+        self._messages_encoded += 1
+        return self._messages_encoded
 
-    @staticmethod
-    def _sample_dict(batch_id: str, index: int, raw: tuple) -> dict:
-        kind, event_time_ms = raw[0], raw[1]
-        sample: dict[str, Any] = {
-            "event_id": f"{batch_id}-{index}",
-            "event_time_ms": event_time_ms,
-            "kind": kind,
-        }
-        if kind == "step":
-            _, _, step, loss, grad_norm, step_time_ms, source = raw
-            loss_value, loss_nonfinite = _finite_or_flag(loss)
-            norm_value, grad_nonfinite = _finite_or_flag(grad_norm)
-            sample.update(step=step, loss_nonfinite=loss_nonfinite, grad_nonfinite=grad_nonfinite)
-            if loss_value is not None:
-                sample["loss"] = loss_value
-            if norm_value is not None:
-                sample["grad_norm"] = norm_value
-            if source is not None:
-                sample["grad_norm_source"] = source
-            if step_time_ms is not None:
-                sample["step_time_ms"] = step_time_ms
-        elif kind == "episode":
-            _, _, index_, reward, length, terminated, truncated, reason = raw
-            sample.update(
-                episode_index=index_, reward=float(reward), length=int(length),
-                terminated=terminated, truncated=truncated,
-            )
-            if reason is not None:
-                sample["termination_reason"] = str(reason)[:256]
-        elif kind == "heartbeat":
-            _, _, interval_s, step, sent, buffered, dropped, recorded, failed = raw
-            sample.update(
-                interval_s=interval_s, step=step, samples_sent=sent,
-                samples_buffered=buffered, samples_dropped=dropped,
-                samples_recorded=recorded, messages_failed=failed,
-            )
-        elif kind == "grad_sync":
-            _, _, step, nbytes, latency_ms, ok, op, timer, error = raw
-            sample.update(step=step, bytes=int(nbytes), latency_ms=max(0.0, float(latency_ms)),
-                          ok=ok, op=op[:64], timer=timer)
-            if error:
-                sample["error"] = error[:256]
-        elif kind == "fields":
-            sample["kind"] = raw[2]
-            sample.update(raw[3])
-        return sample
+    def _encode(self, batch: list[tuple]) -> bytes:
+        return orjson.dumps({
+            "schema_version": SCHEMA_VERSION,
+            "event_id": f"{self._id_prefix}{self._next_message_number():016x}",
+            "event_time_ms": now_ms(),
+            "identity": self._identity_fields,
+            "columns": pack_long_columns(batch_columns(batch)),
+        })
 
     def publish(self, topic: str, key: bytes, value: bytes) -> None:
         """Sends a message of another kind (an actuation result) through the probe's producer."""

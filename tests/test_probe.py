@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -113,17 +114,39 @@ def test_step_callbacks_run_on_the_caller_thread_and_never_raise() -> None:
     seen = []
     probe.add_step_callback(lambda: seen.append(threading.get_ident()))
     probe.add_step_callback(lambda: 1 / 0)
+    probe.wake()
     probe.record_step()
+    probe.wake()
     probe.record_episode(1.0, 1)
     assert seen == [threading.get_ident()] * 2
 
 
-def test_a_nonfinite_loss_between_samples_is_still_reported() -> None:
+def test_step_callbacks_wait_for_a_wake_and_cost_the_steps_between_nothing() -> None:
+    probe = _probe(RecordingTransport(), step_sample_every_n_steps=100,
+                   grad_norm_every_n_steps=100)
+    runs = []
+    probe.add_step_callback(lambda: runs.append(probe.global_step))
+    for _ in range(5):
+        probe.record_step()
+    probe.record_episode(1.0, 1)
+    assert runs == []  # samples and episodes alone do not run them
+    threading.Thread(target=probe.wake).start()  # as a command's arrival does
+    time.sleep(0.05)
+    probe.record_step()
+    probe.record_step()
+    assert runs == [6]  # the first boundary after the wake, once
+    probe._flush_once()  # the flusher wakes them once a flush interval
+    probe.record_episode(1.0, 1)
+    assert runs == [6, 7]
+
+
+def test_a_nonfinite_loss_between_samples_is_reported_when_every_loss_is_checked() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     transport = RecordingTransport()
-    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10,
+                   loss_check_every_step=True)
     probe.watch(optimizer)
     for step in range(12):
         loss = model(torch.randn(2, 4)).pow(2).mean()
@@ -134,15 +157,49 @@ def test_a_nonfinite_loss_between_samples_is_still_reported() -> None:
         optimizer.step()
     probe._flush_once()
     steps = {s.step: s for s in transport.samples("step")}
-    assert sorted(steps) == [0, 3, 10]  # step 3 was not due: its NaN made it a sample
-    assert steps[3].loss_nonfinite and steps[3].grad_norm is not None
+    assert sorted(steps) == [0, 3, 10]  # step 3 was not due: the flusher read its NaN
+    assert steps[3].loss_nonfinite and steps[3].grad_norm is None
     assert not steps[10].loss_nonfinite and steps[10].loss is not None
     probe.shutdown()
 
 
-def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_still_reported() -> None:
+def test_by_default_loss_tensors_between_samples_are_not_read_but_numbers_are() -> None:
     transport = RecordingTransport()
     probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    nan = float("nan")
+    for step in range(12):
+        loss = {3: torch.tensor(nan), 5: nan, 10: torch.tensor(nan)}.get(step, 0.5)
+        probe.record_step(loss=loss)
+    probe._flush_once()
+    steps = {s.step: s for s in transport.samples("step")}
+    # the tensor at 3 is not read (no device read on the training thread); the number at 5
+    # makes its step a sample; the tensor at 10 is a sample's and is read by the flusher
+    assert sorted(steps) == [0, 5, 10] and steps[5].loss_nonfinite and steps[10].loss_nonfinite
+    assert not steps[0].loss_nonfinite
+
+
+def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm() -> None:
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    probe.watch(optimizer)
+    for step in range(12):
+        optimizer.zero_grad()
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        probe.note_loss(float("inf") if step == 4 else loss)
+        optimizer.step()
+    probe._flush_once()
+    steps = {s.step: s for s in transport.samples("step")}
+    assert sorted(steps) == [0, 4, 10]
+    assert steps[4].loss_nonfinite and steps[4].grad_norm is not None
+
+
+def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_reported_when_asked() -> None:
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10,
+                   loss_check_every_step=True)
     for step in range(12):
         probe.record_step(loss=float("nan") if step == 3 else 0.5)  # dsec.report_step(loss)
     probe.record_step(loss=torch.tensor(float("inf")))

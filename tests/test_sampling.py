@@ -8,22 +8,22 @@ import pytest
 import torch
 from recording import RecordingTransport, manual_probe
 
-from dsec.ingest.sampling import norm_interval_steps, smoothed
+from dsec.ingest.sampling import SpacedWork, budget_interval_steps, smoothed
 
 
 def test_norms_are_spaced_to_keep_their_cost_within_the_budget() -> None:
     # 300 us a norm on 3 ms steps, 0.2 % budget: every 50 steps costs exactly 0.2 %
-    assert norm_interval_steps(300e-6, 3e-3, 0.002, 100) == 50
-    assert norm_interval_steps(301e-6, 3e-3, 0.002, 100) == 51  # never over the budget
+    assert budget_interval_steps(300e-6, 3e-3, 0.002, 100) == 50
+    assert budget_interval_steps(301e-6, 3e-3, 0.002, 100) == 51  # never over the budget
     # a GPU step of 50 ms, a 40 us launch: every step
-    assert norm_interval_steps(40e-6, 50e-3, 0.002, 100) == 1
-    assert norm_interval_steps(1.0, 1e-3, 0.002, 100) == 100  # at least every max steps
+    assert budget_interval_steps(40e-6, 50e-3, 0.002, 100) == 1
+    assert budget_interval_steps(1.0, 1e-3, 0.002, 100) == 100  # at least every max steps
 
 
 @pytest.mark.parametrize("cost_s, step_s, budget", [(0.0, 1e-3, 0.01), (1e-4, 0.0, 0.01),
                                                     (1e-4, 1e-3, 0.0), (float("nan"), 1, 1)])
 def test_unknown_costs_mean_every_step(cost_s: float, step_s: float, budget: float) -> None:
-    assert norm_interval_steps(cost_s, step_s, budget, 100) == 1
+    assert budget_interval_steps(cost_s, step_s, budget, 100) == 1
 
 
 def test_smoothing_starts_at_the_first_value_and_follows() -> None:
@@ -67,7 +67,7 @@ def test_a_costly_norm_is_taken_less_often_and_a_cheap_one_more(monkeypatch) -> 
 
 
 def test_a_set_interval_is_kept_whatever_the_norm_costs(monkeypatch) -> None:
-    monkeypatch.setattr("dsec.ingest.probe.norm_interval_steps",
+    monkeypatch.setattr("dsec.ingest.sampling.budget_interval_steps",
                         lambda *args: pytest.fail("a set interval is not respaced"))
     transport = RecordingTransport()
     probe = manual_probe(transport, step_sample_every_n_steps=1000, grad_norm_every_n_steps=3)
@@ -75,3 +75,38 @@ def test_a_set_interval_is_kept_whatever_the_norm_costs(monkeypatch) -> None:
     probe._flush_once()
     assert [s.step for s in transport.samples("step")] == [0, 3, 6, 9]
     assert probe.grad_norm_interval_steps == 3
+
+
+def test_a_costly_step_sample_is_taken_less_often(monkeypatch) -> None:
+    def slow_now_ms() -> int:
+        time.sleep(0.004)
+        return 1_700_000_000_000
+
+    monkeypatch.setattr("dsec.ingest.probe.now_ms", slow_now_ms)
+    transport = RecordingTransport()
+    probe = manual_probe(transport, step_sample_every_n_steps=None,
+                         step_sample_budget_fraction=0.05, step_sample_max_interval_steps=30,
+                         grad_norm_every_n_steps=1000)
+    assert probe.step_sample_interval_steps == 10  # until measured
+    for _ in range(200):
+        time.sleep(0.001)
+        probe.record_step()
+    probe._flush_once()
+    sampled = [s.step for s in transport.samples("step")]
+    # 4 ms a sample against ~1 ms steps within 5 %: one in ~80 steps, held to one in 30
+    assert probe.step_sample_interval_steps == 30
+    assert sampled[:3] == [0, 10, 20] and sampled[-1] - sampled[-2] == 30
+
+
+
+def test_spaced_work_follows_its_cost_and_keeps_a_set_interval() -> None:
+    work = SpacedWork(budget_fraction=0.01, max_interval_steps=100)
+    assert work.interval_steps == 10  # until measured
+    work.took(5.0, step_time_s=0.001)  # the first call: not counted
+    assert work.interval_steps == 10 and work.cost_s is None
+    work.took(50e-6, step_time_s=0.001)  # 50 us against 1 ms steps within 1 %: every 5
+    assert work.interval_steps == 5
+    fixed = SpacedWork(budget_fraction=0.01, max_interval_steps=100, fixed_interval_steps=3)
+    fixed.took(1.0, 0.001)
+    fixed.took(1.0, 0.001)
+    assert fixed.interval_steps == 3
