@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dsec.ingest.values import finite_or_flag
-from dsec.schemas.metrics import SAMPLE_MODELS, pack_columns
+from dsec.schemas.metrics import columns_from_rows, pack_columns
 
 # Numeric columns of at least this many values are packed; shorter ones stay lists.
 PACK_MIN_VALUES = 64
@@ -118,15 +118,6 @@ def sample_dict(raw: tuple) -> dict[str, Any]:
     return sample
 
 
-def dict_columns(kind: str, samples: list[dict[str, Any]]) -> dict[str, list]:
-    """Sample dicts of one kind as columns: a field no sample has is left out; where only
-    some have it, the others get the field's default."""
-    fields = SAMPLE_MODELS[kind].model_fields
-    present = {name for sample in samples for name in sample} - {"kind", "event_id"}
-    return {name: [sample.get(name, fields[name].default) for sample in samples]
-            for name in fields if name in present}
-
-
 COLUMN_BUILDERS: dict[str, Callable[[list[tuple]], dict[str, list]]] = {
     "step": step_columns,
     "episode": episode_columns,
@@ -139,17 +130,14 @@ def batch_columns(batch: list[tuple]) -> dict[str, dict[str, list]]:
     for raw in batch:
         by_kind.setdefault(raw[0], []).append(raw)
     columns: dict[str, dict[str, list]] = {}
-    rare: dict[str, list[dict[str, Any]]] = {}
+    rare: list[dict[str, Any]] = []
     for kind, raws in by_kind.items():
         builder = COLUMN_BUILDERS.get(kind)
         if builder is not None:
             columns[kind] = builder(raws)
-            continue
-        for raw in raws:
-            sample = sample_dict(raw)
-            rare.setdefault(sample["kind"], []).append(sample)
-    for kind, samples in rare.items():
-        columns[kind] = dict_columns(kind, samples)
+        else:
+            rare.extend(sample_dict(raw) for raw in raws)
+    columns.update(columns_from_rows(rare))
     return columns
 
 

@@ -1,11 +1,11 @@
 """The probe: records health samples from the training thread and ships them off it.
 
 The training thread only appends small tuples to a bounded buffer (one lock, no
-I/O, no device sync), and on most steps not even that: it counts the step and keeps a
-reference to its loss. A background thread checks those losses for NaN/Inf, turns the
-samples into one ``MetricBatch`` message per flush interval, adds the heartbeat, and hands
-it to the transport. Every sample that cannot be kept is counted and reported in the next
-heartbeat.
+I/O, no device sync), and on most steps not even that: it only counts the step. A
+background thread turns the samples into one ``MetricBatch`` message per flush interval,
+adds the heartbeat, and hands it to the transport (and, when asked, checks the losses of
+the steps between samples for NaN/Inf). Every sample that cannot be kept is counted and
+reported in the next heartbeat.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class Probe:
         the probe uses it for this step instead of computing its own."""
         if total_norm is None or not self._due(self._global_step):
             return
-        self._last_grad_norm = total_norm.detach() if hasattr(total_norm, "detach") else total_norm
+        self._last_grad_norm = host_value(total_norm)
         self._grad_norm_from_trainer = True
 
     def record_step(self, loss: Any = None, grad_norm: Any = None) -> None:
@@ -232,9 +232,13 @@ class Probe:
         if self._wake:
             self.run_step_callbacks()
         else:
-            self._fast_until_step = min(self._next_sample_step, self._next_norm_step)
-            if self._wake:  # a wake that came while the line above ran is not overwritten
-                self._fast_until_step = 0
+            self._arm_fast_path()
+
+    def _arm_fast_path(self) -> None:
+        """The steps before the next one due for a sample or a norm only count."""
+        self._fast_until_step = min(self._next_sample_step, self._next_norm_step)
+        if self._wake:  # a wake that came while the line above ran is not overwritten
+            self._fast_until_step = 0
 
     def _sample(self, step: int, loss: Any, grad_norm: Any) -> None:
         now_s = time.perf_counter()
@@ -301,9 +305,7 @@ class Probe:
                 callback()
             except Exception:  # telemetry never crashes the training loop
                 log.exception("dsec step callback failed")
-        self._fast_until_step = min(self._next_sample_step, self._next_norm_step)
-        if self._wake:  # a wake that came while the line above ran is not overwritten
-            self._fast_until_step = 0
+        self._arm_fast_path()
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:

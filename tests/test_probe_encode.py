@@ -12,12 +12,12 @@ from recording import RecordingTransport, manual_probe
 from dsec.ingest.encode import (
     PACK_MIN_VALUES,
     batch_columns,
-    dict_columns,
     pack_long_columns,
     sample_dict,
 )
 from dsec.ingest.values import nonfinite_flags
 from dsec.schemas import MetricBatch, decode
+from dsec.schemas.metrics import columns_from_rows
 
 
 def _random_batch(rng: random.Random, size: int) -> list[tuple]:
@@ -46,11 +46,7 @@ def _random_batch(rng: random.Random, size: int) -> list[tuple]:
 
 
 def _reference(batch: list[tuple]) -> dict[str, dict[str, list]]:
-    by_kind: dict[str, list[dict]] = {}
-    for raw in batch:
-        sample = sample_dict(raw)
-        by_kind.setdefault(sample["kind"], []).append(sample)
-    return {kind: dict_columns(kind, samples) for kind, samples in by_kind.items()}
+    return columns_from_rows([sample_dict(raw) for raw in batch])
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -99,7 +95,7 @@ def test_message_ids_are_distinct_and_share_the_probe_prefix() -> None:
     assert other._id_prefix != probe._id_prefix
 
 
-def test_nonfinite_flags_read_tensors_together_and_anything_else_one_by_one() -> None:
+def test_nonfinite_flags_of_tensors_numbers_and_mixed_shapes() -> None:
     tensors = [torch.tensor(1.0), torch.tensor(float("nan")), torch.tensor(float("-inf"))]
     assert nonfinite_flags(tensors) == [False, True, True]
     mixed = [0.5, float("nan"), torch.tensor([2.0]), torch.tensor(float("inf")), None]
