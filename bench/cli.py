@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
 from dsec.bench.snapshot import snapshot_command
@@ -30,7 +31,7 @@ def _print(result: dict, as_json: bool, title: str) -> None:
 
 @bench_app.command("pipeline")
 def pipeline(
-    samples: Annotated[int, typer.Option(min=10_000)] = 2_000_000,
+    samples: Annotated[int, typer.Option(min=10_000)] = PIPELINE_SAMPLES,
     samples_per_message: Annotated[int, typer.Option(min=1)] = 1000,
     partitions: Annotated[int, typer.Option(min=1)] = 6,
     bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
@@ -81,7 +82,7 @@ def all_benchmarks(
         help="Comma-separated, of probe_overhead, pipeline, snapshot, policy_eval, reaction, "
              "goodput (default: all).")] = None,
     probe_block_pairs: Annotated[int, typer.Option(min=1)] = 150,
-    pipeline_samples: Annotated[int, typer.Option(min=10_000)] = 2_000_000,
+    pipeline_samples: Annotated[int, typer.Option(min=10_000)] = PIPELINE_SAMPLES,
     snapshot_steps: Annotated[int, typer.Option(min=4)] = 24,
     policy_targets: Annotated[int, typer.Option(min=1)] = 10_000,
     reaction_trials: Annotated[int, typer.Option(min=1)] = 30,

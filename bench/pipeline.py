@@ -29,6 +29,7 @@ import orjson
 import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from dsec.bench import PIPELINE_SAMPLES
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.stack import sink_group, stream_group
 from dsec.infra.topics import ensure_topics
@@ -43,7 +44,7 @@ BENCH_SERVICES = frozenset({"stream-jobs", "sink"})  # the policy engine reads f
 
 @dataclass(frozen=True)
 class PipelineBenchOptions:
-    samples: int = 2_000_000
+    samples: int = PIPELINE_SAMPLES
     samples_per_message: int = 1000
     workers: int = 32
     partitions: int = 6

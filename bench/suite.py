@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsec.bench import PIPELINE_SAMPLES
+
 PARTS = ("probe_overhead", "pipeline", "snapshot", "policy_eval", "reaction", "goodput")
 
 
@@ -24,7 +26,7 @@ PARTS = ("probe_overhead", "pipeline", "snapshot", "policy_eval", "reaction", "g
 class SuiteOptions:
     parts: tuple[str, ...] = PARTS
     probe_block_pairs: int = 150
-    pipeline_samples: int = 2_000_000
+    pipeline_samples: int = PIPELINE_SAMPLES
     snapshot_steps: int = 24
     policy_targets: int = 10_000
     reaction_trials: int = 30
