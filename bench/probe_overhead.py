@@ -9,7 +9,7 @@ The flusher's work (encoding, the Kafka client) runs on its own thread every 100
 lands in whichever block is running, so about half of it is charged to the off side: a
 small understatement (it is about 0.1 % of the step), said here rather than hidden.
 "On" is every signal at its default settings: optimizer hooks (sampled step time and
-gradient norm, NaN/Inf flags), the loss (every step's checked for NaN/Inf), an episode
+gradient norm, NaN/Inf flags), the loss handed over every step, an episode
 report every 20 steps, gradient-sync timing, CUDA memory and NVML when present, the step
 callbacks, heartbeats, and the flusher shipping batches to Kafka. The probe's thread runs
 throughout; its work comes from the on-blocks.

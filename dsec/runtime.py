@@ -33,7 +33,7 @@ from dsec.settings import DsecSettings
 
 log = logging.getLogger(__name__)
 
-# The step callbacks run at sampled steps and at least once a flush interval (10 a second).
+# The step callbacks run when woken: at least once a flush interval (10 a second).
 MEMORY_CHECK_EVERY_RUNS = 10
 MEMORY_WARNING_INTERVAL_S = 60.0
 

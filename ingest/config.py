@@ -18,8 +18,9 @@ class ProbeConfig(BaseSettings):
     # mean step time) costs 20-60 us on a 2 ms CPU step, a gradient norm 80-400 us. Each is
     # taken every N steps when set; by default (None) spaced so that it costs at most its
     # budget fraction of the training time, measured as it goes (every 10th step until it
-    # knows), and at least every max_interval steps. A CPU step of 2-3 ms gets a sample every
-    # ~15 steps and a norm every ~40; a GPU step of tens of milliseconds gets both every step.
+    # knows), and at least every max_interval steps. The 2.3 ms reference step of
+    # ``dsec bench probe-overhead`` gets a sample every ~7 steps and a norm every 50-100; a
+    # GPU step of tens of milliseconds gets both every step or two.
     # Steps between samples are only counted.
     step_sample_every_n_steps: int | None = Field(default=None, ge=1)
     step_sample_budget_fraction: float = Field(default=0.001, gt=0, le=1)

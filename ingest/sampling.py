@@ -1,5 +1,5 @@
-"""How often the probe pays for a step sample or a gradient norm: pure functions, tested
-on their own.
+"""How often the probe pays for a step sample or a gradient norm: pure functions and the
+small state that follows them, tested on their own.
 
 Python run on the training thread right after ``backward`` or an optimizer step meets cold
 caches: on a small CPU step a gradient norm costs 80-400 us and a step sample 20-60 us, a

@@ -1,5 +1,5 @@
-"""Reading recorded values off the training thread: numbers, or one-element tensors that may
-live on a device (reading one is a device sync, so only the flusher does it)."""
+"""Reading recorded values: numbers, or one-element tensors. A CPU tensor is cheap to read
+anywhere; a device tensor's read is a device sync, so only the flusher does it."""
 
 from __future__ import annotations
 
