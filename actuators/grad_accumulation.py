@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -17,10 +18,13 @@ class GradAccumulation:
             optimizer.step(); optimizer.zero_grad()
 
     A new step count is adopted at the next accumulation boundary, so no window mixes two.
+    ``on_window`` hears the window at each micro-step (the probe then takes the norm of
+    every micro-step while it is above 1).
     """
 
-    def __init__(self, steps: int = 1) -> None:
+    def __init__(self, steps: int = 1, on_window: Callable[[int], None] | None = None) -> None:
         self.steps = steps
+        self._on_window = on_window
         self._pending: int | None = None
         self._position = 0  # micro-steps done in the current window
 
@@ -60,6 +64,8 @@ class _MicroStep:
         )
 
     def __enter__(self) -> bool:
+        if self._owner._on_window is not None:
+            self._owner._on_window(self._owner.steps)
         self._inner.__enter__()
         return self._sync
 

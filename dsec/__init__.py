@@ -41,6 +41,7 @@ __all__ = [
     "current",
     "enable_snapshots",
     "init",
+    "note_accumulation",
     "note_grad_norm",
     "on_action",
     "report_episode_end",
@@ -124,6 +125,16 @@ def note_grad_norm(total_norm: Any) -> None:
     """The total gradient norm the trainer already computed (e.g. when clipping): the probe
     reports it for this step instead of computing its own."""
     current().probe.note_grad_norm(total_norm)
+
+
+def note_accumulation(micro_steps: int, parameters: Any = None) -> None:
+    """The loop accumulates gradients over ``micro_steps`` backwards per optimizer step
+    (1: it does not). While it does, the probe reports the gradient norm of every
+    micro-step, so instability stays visible through the averaging; call it when the
+    window changes, or every step (only a change costs anything). The parameters are the
+    watched optimizer's unless given. ``controls().grad_accumulation.micro_step()`` tells
+    the probe by itself."""
+    current().probe.observe_micro_steps(micro_steps, parameters)
 
 
 def clip_grad_norm_(

@@ -11,6 +11,7 @@ from typing import Any
 
 from dsec.actuators import ApplyHooks, InProcessActuator
 from dsec.actuators.channel import socket_path
+from dsec.actuators.grad_accumulation import GradAccumulation
 from dsec.actuators.precision import AutocastController, default_device_type
 from dsec.actuators.snapshot_trigger import SnapshotTrigger
 from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
@@ -111,6 +112,7 @@ class WorkerRuntime:
         self.controls = WorkerControls(
             precision=AutocastController(default_device_type()),
             snapshot=SnapshotTrigger(lambda: self.probe.global_step),
+            grad_accumulation=GradAccumulation(on_window=self.probe.observe_micro_steps),
         )
         self.controls.register(self.hooks)
         self.actuator: InProcessActuator | None = None

@@ -23,10 +23,12 @@ import orjson
 
 from dsec.ingest.config import ProbeConfig
 from dsec.ingest.encode import batch_columns, pack_long_columns
+from dsec.ingest.micro_steps import MicroStepNorms
 from dsec.ingest.sampling import SpacedWork, smoothed
 from dsec.ingest.transport import Transport
 from dsec.ingest.values import host_value, nonfinite_flags
 from dsec.schemas import SCHEMA_VERSION, WorkerIdentity, new_event_id, now_ms
+from dsec.schemas.metrics import MICRO_STEP
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,9 @@ class Probe:
         self._failed_collectors: set[int] = set()
         self._warned: set[str] = set()
         self._hook_handles: list[Any] = []
+        self._watched: list[Any] = []  # the optimizers ``watch`` hooked
+        # While the loop accumulates gradients: one norm per micro-step, none per step.
+        self._micro = MicroStepNorms(self._record_micro_step_norm)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_heartbeat_s = time.monotonic()  # a probe not yet started owes none
@@ -199,7 +204,7 @@ class Probe:
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
         the probe uses it for this step instead of computing its own."""
-        if total_norm is None or not self._due(self._global_step):
+        if total_norm is None or self._micro.attached or not self._due(self._global_step):
             return
         self._last_grad_norm = host_value(total_norm)
         self._grad_norm_from_trainer = True
@@ -255,6 +260,8 @@ class Probe:
         loss = loss if loss is not None else self._last_loss
         from_trainer = self._grad_norm_from_trainer or grad_norm is not None
         grad_norm = grad_norm if grad_norm is not None else self._last_grad_norm
+        if self._micro.attached:  # the micro-steps' norms stand for this step's
+            grad_norm = None
         self._last_loss = None
         self._last_grad_norm = None
         self._grad_norm_from_trainer = False
@@ -326,7 +333,7 @@ class Probe:
             if step < self._fast_until_step:
                 return
             if ((step >= self._next_norm_step or step == self._forced_step)
-                    and not self._grad_norm_from_trainer):
+                    and not self._grad_norm_from_trainer and not self._micro.attached):
                 self._take_norm(opt)
             try:
                 self._step_boundary(step, None, None)
@@ -334,6 +341,7 @@ class Probe:
                 self._warn_once("record_step", "dsec: step not recorded")
 
         self._hook_handles.append(optimizer.register_step_post_hook(after_step))
+        self._watched.append(optimizer)
         # a step time spans watched steps only: none runs across the time unwatched
         self._last_sample_s = None
 
@@ -350,6 +358,32 @@ class Probe:
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles.clear()
+        self._watched.clear()
+        self._micro.detach()
+
+    def observe_micro_steps(self, micro_steps: int, parameters: Any = None) -> None:
+        """The loop runs ``micro_steps`` backwards per optimizer step (gradient accumulation).
+
+        Above 1, the probe records the gradient norm of every micro-step (a sample of its
+        own, ``grad_norm_source="micro_step"``) instead of the accumulated step's, so that
+        a loss blowing up on some micro-steps and not on others still shows as swings
+        rather than as a raised average. At 1 it goes back to step norms. The parameters
+        are those of the watched optimizers unless given. Cheap to call every step: only a
+        change does anything.
+        """
+        if (micro_steps > 1) == self._micro.attached:
+            return
+        if micro_steps <= 1:
+            self._micro.detach()
+            return
+        if parameters is None:
+            parameters = [p for optimizer in self._watched
+                          for group in optimizer.param_groups for p in group["params"]]
+        self._micro.attach(parameters)
+
+    def _record_micro_step_norm(self, norm: Any) -> None:
+        self._record(("step", now_ms(), self._global_step, None, host_value(norm), None,
+                      MICRO_STEP))
 
     @property
     def watching(self) -> bool:

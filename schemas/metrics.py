@@ -44,6 +44,9 @@ class HeartbeatSample(_Sample):
     messages_failed: NonNegativeInt = 0
 
 
+MICRO_STEP = "micro_step"  # grad_norm_source of a micro-step's sample
+
+
 class StepSample(_Sample):
     kind: Literal["step"] = "step"
     step: NonNegativeInt
@@ -52,8 +55,10 @@ class StepSample(_Sample):
     loss_nonfinite: bool = False
     grad_nonfinite: bool = False
     step_time_ms: Annotated[float, Field(ge=0)] | None = None
-    # "probe": computed by the probe; "trainer": the norm the trainer already had (clipping).
-    grad_norm_source: Literal["probe", "trainer"] | None = None
+    # "probe": computed by the probe; "trainer": the norm the trainer already had (clipping);
+    # "micro_step": one backward's gradients while the loop accumulates (the sample stands
+    # for a micro-step of ``step``, not for a step of its own).
+    grad_norm_source: Literal["probe", "trainer", "micro_step"] | None = None
 
 
 class EpisodeSample(_Sample):

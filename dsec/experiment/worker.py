@@ -417,6 +417,7 @@ def main() -> int:
                     # applied after the last step (a precision downgrade) is in force for
                     # the next one, not one update later.
                     window, dtype = group_settings()
+                    dsec.note_accumulation(window)  # norms per micro-step while accumulating
                     scaler = group_precision["scaler"]
                 autocast_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
                 with torch.autocast("cpu", dtype=autocast_dtype, enabled=dtype != "fp32"):
