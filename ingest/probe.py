@@ -204,7 +204,7 @@ class Probe:
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
         the probe uses it for this step instead of computing its own."""
-        if total_norm is None or self._micro.attached or not self._due(self._global_step):
+        if total_norm is None or not self._due(self._global_step) or self._micro.attached:
             return
         self._last_grad_norm = host_value(total_norm)
         self._grad_norm_from_trainer = True
