@@ -191,14 +191,12 @@ class Probe:
         sample for the step when it is NaN/Inf. Either way the training thread never waits
         for a device.
         """
-        if self._global_step < self._fast_until_step:
-            if isinstance(loss, float) and not math.isfinite(loss):
-                self._force(self._global_step)
-            elif self._check_every_loss:
+        if isinstance(loss, float) and not math.isfinite(loss):
+            self._force(self._global_step)  # on any step: a number costs nothing to check
+        elif self._global_step < self._fast_until_step:
+            if self._check_every_loss:
                 self._loss_checks.append((self._global_step, loss))
-                return
-            else:
-                return
+            return
         self._last_loss = host_value(loss)
 
     def note_grad_norm(self, total_norm: Any) -> None:
@@ -219,13 +217,14 @@ class Probe:
         """
         step = self._global_step
         self._global_step = step + 1
-        if step < self._fast_until_step:
-            if isinstance(loss, float) and not math.isfinite(loss):
-                self._force(step)  # a number is checked on every step: no device involved
-            else:
-                if loss is not None and self._check_every_loss:
-                    self._loss_checks.append((step, loss))
-                return
+        if isinstance(loss, float) and not math.isfinite(loss):
+            # A number is checked on every step (no device involved), on the fast path or
+            # off it (a step right after a wake is off it without being due for a sample).
+            self._force(step)
+        elif step < self._fast_until_step:
+            if loss is not None and self._check_every_loss:
+                self._loss_checks.append((step, loss))
+            return
         self._step_boundary(step, loss, grad_norm)
 
     def _step_boundary(self, step: int, loss: Any, grad_norm: Any) -> None:

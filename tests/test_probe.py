@@ -196,6 +196,34 @@ def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm()
     assert steps[4].loss_nonfinite and steps[4].grad_norm is not None
 
 
+def test_a_nonfinite_number_on_a_step_right_after_a_wake_is_still_a_sample() -> None:
+    """A wake takes the next step off the fast path without making it due for a sample;
+    a NaN handed over as a number on that step must not go unreported."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    transport = RecordingTransport()
+    watched = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    watched.watch(optimizer)
+    for step in range(6):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).pow(2).mean().backward()
+        if step == 4:
+            watched.wake()
+        watched.note_loss(float("nan") if step == 4 else 0.5)
+        optimizer.step()
+    unwatched_transport = RecordingTransport()
+    unwatched = _probe(unwatched_transport, step_sample_every_n_steps=10)
+    for step in range(6):
+        if step == 4:
+            unwatched.wake()
+        unwatched.record_step(loss=float("nan") if step == 4 else 0.5)
+    for probe, recorded in ((watched, transport), (unwatched, unwatched_transport)):
+        probe._flush_once()
+        steps = {s.step: s for s in recorded.samples("step")}
+        assert sorted(steps) == [0, 4]
+        assert steps[4].loss_nonfinite
+
+
 def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_reported_when_asked() -> None:
     transport = RecordingTransport()
     probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10,
