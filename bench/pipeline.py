@@ -91,20 +91,29 @@ def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float,
     consumer = Consumer(consumer_config(settings, f"bench-raw-{uuid.uuid4().hex}", **BULK_FETCH))
     metadata = consumer.list_topics(topic, timeout=10)
     consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
-    read = samples = 0
+    read = 0
+    # The clock starts when the first batch has arrived, so that batch, fetched before
+    # it started, is not counted: the stream stack's rate likewise starts at its first
+    # commit and leaves the messages before it out.
     started = None
+    counted_messages = counted_samples = 0
     while read < messages:
-        batch = consumer.consume(1000, 1.0)
-        if started is None and batch:
-            started = time.perf_counter()
+        # A short wait: with a long one, the last call (short of a full batch) waits out
+        # its timeout for messages that are not coming, and that second counts.
+        batch = consumer.consume(1000, 0.05)
         for message in batch:
             if message.error():
                 continue
-            samples += _decode_columns(orjson.loads(message.value()))
+            decoded = _decode_columns(orjson.loads(message.value()))
             read += 1
+            if started is not None:
+                counted_samples += decoded
+                counted_messages += 1
+        if started is None and batch:
+            started = time.perf_counter()
     elapsed = time.perf_counter() - (started or time.perf_counter())
     consumer.close()
-    return samples / elapsed, read / elapsed
+    return counted_samples / elapsed, counted_messages / elapsed
 
 
 def _group_progress(probe: Consumer, partitions: list[TopicPartition]) -> int:
