@@ -48,9 +48,12 @@ class MicroStepNorms:
     def _on_grad(self, grad: Any) -> None:
         import torch
 
-        if not self._parts:  # the backward's first gradient: combine them when it ends
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-        self._parts.append(torch.linalg.vector_norm(grad.detach()))
+        try:
+            if not self._parts:  # the backward's first gradient: combine them when it ends
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._parts.append(torch.linalg.vector_norm(grad.detach()))
+        except Exception:  # a sparse or unusual gradient: no norm, and the backward goes on
+            log.exception("dsec: micro-step gradient norm not taken")
 
     def _finish(self) -> None:
         import torch

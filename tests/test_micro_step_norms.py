@@ -111,3 +111,15 @@ def test_micro_step_samples_feed_the_norm_window_but_do_not_count_as_steps() -> 
     assert out["steps_total"] == 3.0
     assert out["grad_norm_jumps"] == 11.0  # every pair of the 12 micro-steps swings
     assert np.isfinite(out["grad_norm"])
+
+
+def test_a_gradient_the_hook_cannot_measure_does_not_fail_the_backward() -> None:
+    embedding = torch.nn.Embedding(10, 4, sparse=True)
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=0.1)
+    transport = RecordingTransport()
+    probe = Probe(IDENTITY, "metrics", transport, ProbeConfig(
+        flush_interval_s=60, heartbeat_interval_s=3600, step_sample_every_n_steps=1))
+    probe.watch(optimizer)
+    probe.observe_micro_steps(2)
+    embedding(torch.tensor([1, 2])).sum().backward()  # must not raise
+    optimizer.step()
