@@ -99,6 +99,7 @@ class Probe:
         self._episode_index = 0
         self._global_step = 0
         self._last_loss: Any = None
+        self._loss_read_s = 0.0  # reading this step's loss, charged to its sample's cost
         self._last_grad_norm: Any = None
         self._grad_norm_from_trainer = False
         self._last_sample_s: float | None = None
@@ -197,7 +198,9 @@ class Probe:
             if self._check_every_loss:
                 self._loss_checks.append((self._global_step, loss))
             return
+        started_s = time.perf_counter()
         self._last_loss = host_value(loss)
+        self._loss_read_s = time.perf_counter() - started_s
 
     def note_grad_norm(self, total_norm: Any) -> None:
         """The total gradient norm the trainer already has (``clip_grad_norm_`` returns it):
@@ -225,12 +228,21 @@ class Probe:
             if loss is not None and self._check_every_loss:
                 self._loss_checks.append((step, loss))
             return
-        self._step_boundary(step, loss, grad_norm)
+        self._step_boundary(step, loss, grad_norm, time.perf_counter())
 
-    def _step_boundary(self, step: int, loss: Any, grad_norm: Any) -> None:
-        """A step off the fast path: its sample when due, the step callbacks when woken."""
+    def _step_boundary(self, step: int, loss: Any, grad_norm: Any, entered_s: float) -> None:
+        """A step off the fast path (since ``entered_s``): its sample when due, the step
+        callbacks when woken.
+
+        A sample's cost, which spaces the samples, is all it takes of the training thread:
+        the loss read in ``note_loss``, the hook's way here and the sample itself (timing the
+        sample alone left out half of it on the reference step).
+        """
         if self._due(step):
             self._sample(step, loss, grad_norm)
+            self._samples.took(time.perf_counter() - entered_s + self._loss_read_s,
+                               self._step_time_s)
+            self._loss_read_s = 0.0
         elif loss is not None and self._check_every_loss:
             self._loss_checks.append((step, loss))
         if self._wake:
@@ -266,7 +278,6 @@ class Probe:
         self._grad_norm_from_trainer = False
         source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
         self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
-        self._samples.took(time.perf_counter() - now_s, self._step_time_s)
 
     def record_grad_sync(
         self,
@@ -331,11 +342,13 @@ class Probe:
             self._global_step = step + 1
             if step < self._fast_until_step:
                 return
+            entered_s = time.perf_counter()
             if ((step >= self._next_norm_step or step == self._forced_step)
                     and not self._grad_norm_from_trainer and not self._micro.attached):
                 self._take_norm(opt)
+                entered_s = time.perf_counter()  # the norm is charged to the norms
             try:
-                self._step_boundary(step, None, None)
+                self._step_boundary(step, None, None, entered_s)
             except Exception:
                 self._warn_once("record_step", "dsec: step not recorded")
 
