@@ -5,9 +5,10 @@ torch thread (about 2 ms on a CPU core). Short blocks of steps with the probe of
 alternate in one run (off-on, on-off, ...), so drift and noise hit both sides alike; the
 cost is the median difference between neighbouring blocks' mean step times (see
 ``block_summary``), so a cost paid every Nth step counts.
-The flusher's work (encoding, the Kafka client) runs on its own thread every 100 ms and
-lands in whichever block is running, so about half of it is charged to the off side: a
-small understatement (it is about 0.1 % of the step), said here rather than hidden.
+The flusher's work (encoding, the Kafka client) runs on its own thread every flush
+interval (250 ms) and lands in whichever block is running, so about half of it is charged
+to the off side: an understatement of about 0.05 % of the step (the flusher's encoding and
+sending cost about 0.1 % of it), said here rather than hidden.
 "On" is every signal at its default settings: optimizer hooks (sampled step time and
 gradient norm, NaN/Inf flags), the loss handed over every step, an episode
 report every 20 steps, gradient-sync timing, CUDA memory and NVML when present, the step

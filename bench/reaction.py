@@ -12,7 +12,8 @@ worker to fp16. Each trial has a worker id of its own, so no cooldown or hold of
 earlier trial hides it; a warm-up trial, not counted, waits out the stack's start (the
 Faust consumer groups joining). The headline runs from the probe's flush publishing the
 NaN step (its Kafka timestamp) to the apply hook running in the worker;
-``recorded_to_applied_ms`` adds the wait for the next flush (every 100 ms by default).
+``recorded_to_applied_ms`` adds the wait for the probe's flush (a NaN/Inf sample is flushed
+at once, not at the next interval).
 """
 
 from __future__ import annotations

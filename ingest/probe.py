@@ -2,7 +2,8 @@
 
 The training thread only appends small tuples to a bounded buffer (one lock, no
 I/O, no device sync), and on most steps not even that: it only counts the step. A
-background thread turns the samples into one ``MetricBatch`` message per flush interval,
+background thread turns the samples into one ``MetricBatch`` message per flush interval
+(at once when a sample holds a NaN/Inf number),
 adds the heartbeat, and hands it to the transport (and, when asked, checks the losses of
 the steps between samples for NaN/Inf). Every sample that cannot be kept is counted and
 reported in the next heartbeat.
@@ -38,6 +39,8 @@ Collector = Callable[[], None]
 # Losses of steps between samples, waiting for the flusher's NaN/Inf check. Beyond this many
 # (a flusher held up for seconds on a fast loop) the oldest go unchecked.
 LOSS_CHECKS_MAX = 8192
+# The shortest time between two flushes when NaN/Inf samples ask for them sooner.
+URGENT_GAP_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,11 @@ def total_grad_norm(optimizer: Any) -> Any:
         except RuntimeError:
             device = norms[0].device
             return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+
+
+def _nonfinite_number(value: Any) -> bool:
+    """A NaN/Inf float (a tensor is not read here)."""
+    return type(value) is float and value - value != 0.0
 
 
 class Probe:
@@ -133,6 +141,7 @@ class Probe:
         # While the loop accumulates gradients: one norm per micro-step, none per step.
         self._micro = MicroStepNorms(self._record_micro_step_norm)
         self._stop = threading.Event()
+        self._flush_soon = threading.Event()  # a NaN/Inf sample: flush now, not at the interval
         self._thread: threading.Thread | None = None
         self._last_heartbeat_s = time.monotonic()  # a probe not yet started owes none
 
@@ -278,6 +287,8 @@ class Probe:
         self._grad_norm_from_trainer = False
         source = None if grad_norm is None else ("trainer" if from_trainer else "probe")
         self._record(("step", now_ms(), step, loss, grad_norm, step_time_ms, source))
+        if step == self._forced_step or _nonfinite_number(loss) or _nonfinite_number(grad_norm):
+            self._flush_soon.set()
 
     def record_grad_sync(
         self,
@@ -394,8 +405,10 @@ class Probe:
         self._micro.attach(parameters)
 
     def _record_micro_step_norm(self, norm: Any) -> None:
-        self._record(("step", now_ms(), self._global_step, None, host_value(norm), None,
-                      MICRO_STEP))
+        norm = host_value(norm)
+        self._record(("step", now_ms(), self._global_step, None, norm, None, MICRO_STEP))
+        if _nonfinite_number(norm):
+            self._flush_soon.set()
 
     @property
     def watching(self) -> bool:
@@ -426,7 +439,18 @@ class Probe:
 
     def _run(self) -> None:
         interval_s = self.config.flush_interval_s
-        while not self._stop.wait(interval_s):
+        flushed_s = time.monotonic()
+        while True:
+            self._flush_soon.wait(interval_s)
+            self._flush_soon.clear()
+            if self._stop.is_set():
+                break
+            # woken early by a NaN/Inf sample: at most one such flush per URGENT_GAP_S, so a
+            # loss that is NaN on every step does not turn into a message per step
+            wait_s = min(interval_s, URGENT_GAP_S) - (time.monotonic() - flushed_s)
+            if wait_s > 0 and self._stop.wait(wait_s):
+                break
+            flushed_s = time.monotonic()
             self._flush_safely()
         self._flush_safely(force_heartbeat=True)
 
@@ -571,6 +595,7 @@ class Probe:
         self.unwatch()
         if self._thread is not None:
             self._stop.set()
+            self._flush_soon.set()
             self._thread.join()
             self._thread = None
         self._transport.flush(self.config.shutdown_flush_timeout_s)

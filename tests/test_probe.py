@@ -10,6 +10,7 @@ import torch
 from recording import IDENTITY, RecordingTransport
 
 from dsec.ingest import Probe, ProbeConfig
+from dsec.ingest.probe import URGENT_GAP_S
 
 
 def _probe(transport: RecordingTransport, **config: object) -> Probe:
@@ -237,3 +238,41 @@ def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_reported_when_
     assert steps[3].loss_nonfinite and steps[12].loss_nonfinite
     assert not steps[10].loss_nonfinite and steps[10].loss == 0.5
     probe.shutdown()
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> bool:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+def test_a_nonfinite_sample_is_sent_at_once_and_a_nan_storm_is_not_a_message_per_step() -> None:
+    """Routine samples wait for the flush interval (60 s here); a NaN/Inf one is sent
+    without waiting, and a loss that is NaN on every step gets at most one early flush per
+    ``URGENT_GAP_S``."""
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10)
+    probe.start()
+    try:
+        for _ in range(5):
+            probe.record_step(loss=0.5)
+        time.sleep(0.1)
+        assert not transport.messages  # routine: waits for the interval
+        probe.record_step(loss=float("nan"))
+        assert _wait_for(lambda: any(s.loss_nonfinite for s in transport.samples("step")))
+        sent = len(transport.messages)
+        started_s = time.monotonic()
+        while time.monotonic() - started_s < 0.2:  # a NaN every step, every 1 ms
+            probe.record_step(loss=float("inf"))
+            time.sleep(0.001)
+        elapsed_s = time.monotonic() - started_s
+        assert _wait_for(lambda: len(transport.messages) > sent)
+        early = len(transport.messages) - sent
+        assert early <= elapsed_s / URGENT_GAP_S + 2
+    finally:
+        probe.shutdown()
+    steps = transport.samples("step")
+    assert sum(s.loss_nonfinite for s in steps) >= 100  # every NaN step was a sample
