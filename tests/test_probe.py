@@ -179,18 +179,26 @@ def test_by_default_loss_tensors_between_samples_are_not_read_but_numbers_are() 
     assert not steps[0].loss_nonfinite
 
 
-def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm() -> None:
+def _watched_steps(probe: Probe, steps: int, noted, wake_at: int | None = None) -> None:
+    """``steps`` steps of a small model under ``probe.watch``; ``noted(step, loss)`` is what
+    each step hands to ``note_loss``, and the step ``wake_at`` is woken first."""
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    transport = RecordingTransport()
-    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
     probe.watch(optimizer)
-    for step in range(12):
+    for step in range(steps):
         optimizer.zero_grad()
         loss = model(torch.randn(2, 4)).pow(2).mean()
         loss.backward()
-        probe.note_loss(float("inf") if step == 4 else loss)
+        if step == wake_at:
+            probe.wake()
+        probe.note_loss(noted(step, loss))
         optimizer.step()
+
+
+def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm() -> None:
+    transport = RecordingTransport()
+    probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    _watched_steps(probe, 12, lambda step, loss: float("inf") if step == 4 else loss)
     probe._flush_once()
     steps = {s.step: s for s in transport.samples("step")}
     assert sorted(steps) == [0, 4, 10]
@@ -200,18 +208,9 @@ def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm()
 def test_a_nonfinite_number_on_a_step_right_after_a_wake_is_still_a_sample() -> None:
     """A wake takes the next step off the fast path without making it due for a sample;
     a NaN handed over as a number on that step must not go unreported."""
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     transport = RecordingTransport()
     watched = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
-    watched.watch(optimizer)
-    for step in range(6):
-        optimizer.zero_grad()
-        model(torch.randn(2, 4)).pow(2).mean().backward()
-        if step == 4:
-            watched.wake()
-        watched.note_loss(float("nan") if step == 4 else 0.5)
-        optimizer.step()
+    _watched_steps(watched, 6, lambda step, _loss: float("nan") if step == 4 else 0.5, wake_at=4)
     unwatched_transport = RecordingTransport()
     unwatched = _probe(unwatched_transport, step_sample_every_n_steps=10)
     for step in range(6):
