@@ -48,6 +48,8 @@ class DsecSettings(BaseSettings):
     # Run every built-in policy in dry run (shadow mode): decisions are audited, nothing
     # is commanded (DSEC_POLICY_DRY_RUN=1).
     policy_dry_run: bool = False
+    # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

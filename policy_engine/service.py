@@ -60,7 +60,7 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
 
     from dsec.infra.topics import ensure_topics
     from dsec.observability.server import serve_metrics
-    from dsec.stream_jobs.faust_app import make_faust_app, watch_faust_app
+    from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app, watch_faust_app
 
     settings.data_dir.resolve().mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)
@@ -74,7 +74,7 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     watch_faust_app(app, metrics, {topics.features: "policy-engine",
                                    topics.policies: "policy-engine"})
     server = serve_metrics(settings, metrics)
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+    worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()

@@ -196,9 +196,38 @@ def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
     gap = getattr(consumer, "_gap", {}).get(tp)
     logging.getLogger(__name__).warning(
         "commits on %s:%s stalled at %s for %.0f s with the end at %s: read offset %s, "
-        "%d acked (%s..%s), %d in flight (%s..%s), gap %s",
+        "%d acked (%s..%s), %d in flight (%s..%s), gap %s; %s",
         tp.topic, tp.partition, committed, now - last[1], end,
         getattr(consumer, "_read_offset", {}).get(tp), len(acked),
         acked[0] if acked else None, acked[-1] if acked else None, len(in_flight),
         in_flight[0] if in_flight else None, in_flight[-1] if in_flight else None,
-        sorted(gap) if gap else None)
+        sorted(gap) if gap else None, _flow_state(consumer, tp))
+
+
+def _flow_state(consumer: Any, tp: Any) -> str:
+    """Where the worker's flow of messages may be held back: the consumer's flow, the
+    stream buffers' flow control, a rebalance or table recovery not finished, the fetcher,
+    the partition's state in the Kafka client. For the log of a stalled partition."""
+    app = consumer.app
+    recovery = getattr(app.tables, "recovery", None)
+    fetcher = getattr(app, "_fetcher", None)
+    state = {
+        "consumer_flow": getattr(consumer, "flow_active", None),
+        "flow_control": app.flow_control.is_active(),
+        "rebalancing": app.rebalancing,
+        "recovery_completed": recovery.completed.is_set() if recovery is not None else None,
+        "fetcher": getattr(fetcher, "state", None),
+        "active": tp in (getattr(consumer, "_active_partitions", None) or ()),
+    }
+    try:
+        client = consumer._thread._ensure_consumer()
+        from aiokafka import TopicPartition
+        tp_state = client._fetcher._subscriptions.subscription.assignment.state_value(
+            TopicPartition(tp.topic, tp.partition))
+        state["client"] = (None if tp_state is None else
+                           f"position={tp_state._position} status={tp_state._status} "
+                           f"paused={tp_state.paused} "
+                           f"highwater={tp_state.highwater} fetch_ms={tp_state.timestamp}")
+    except Exception as exc:  # the client's internals differ: say so and carry on
+        state["client"] = f"unknown ({type(exc).__name__})"
+    return " ".join(f"{key}={value}" for key, value in state.items())
