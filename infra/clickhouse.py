@@ -3,8 +3,12 @@ chDB engine (``chdb:///dir``) and for a ClickHouse server (``http(s)://…``).""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import re
+import time
 from importlib import resources
+from pathlib import Path
 
 import clickhouse_connect
 import numpy as np
@@ -12,6 +16,8 @@ from clickhouse_connect.driver.client import Client
 
 from dsec.stream_jobs.frames import FIELD_DTYPES
 from dsec.stream_jobs.raw_columns import raw_table_name
+
+log = logging.getLogger(__name__)
 
 TABLES = (
     "features",
@@ -31,17 +37,52 @@ class StoreLockedError(RuntimeError):
     """The embedded store is held by another process (a running ``dsec up``)."""
 
 
-def connect(dsn: str) -> Client:
-    if dsn.startswith("chdb://"):
-        try:
-            return clickhouse_connect.get_client(dsn=dsn)
-        except Exception as exc:
-            if "Cannot lock file" in str(exc) or "Another server instance" in str(exc):
-                raise StoreLockedError(
-                    f"{dsn} is open in another process (is `dsec up` running?)"
-                ) from exc
-            raise
-    return clickhouse_connect.get_client(dsn=dsn)
+def connect(dsn: str, wait_for_lock_s: float = 0.0) -> Client:
+    """A client of ``dsn``. The embedded store is held by one process at a time: when
+    another holds it, this waits up to ``wait_for_lock_s`` for it to let go (a sink that is
+    still stopping as its successor starts), then raises ``StoreLockedError``."""
+    if not dsn.startswith("chdb://"):
+        return clickhouse_connect.get_client(dsn=dsn)
+    if wait_for_lock_s > 0:
+        # Before opening: a failed open leaves chDB unable to open again in this process.
+        _wait_until_unlocked(Path(dsn.removeprefix("chdb://")) / "status", wait_for_lock_s)
+    return _connect_embedded(dsn)
+
+
+def store_locked(status_file: Path) -> bool:
+    """True while a ClickHouse engine holds the store whose status file this is (it keeps
+    an exclusive ``flock`` on it, and removes it when it closes)."""
+    try:
+        with status_file.open("rb") as status:
+            try:
+                fcntl.flock(status, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(status, fcntl.LOCK_UN)
+            return False
+    except FileNotFoundError:
+        return False
+
+
+def _wait_until_unlocked(status_file: Path, wait_s: float) -> None:
+    deadline_s = time.monotonic() + wait_s
+    if not store_locked(status_file):
+        return
+    log.warning("%s is held by another process; waiting up to %.0f s for it",
+                status_file.parent, wait_s)
+    while store_locked(status_file) and time.monotonic() < deadline_s:
+        time.sleep(0.25)
+
+
+def _connect_embedded(dsn: str) -> Client:
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except Exception as exc:
+        if "Cannot lock file" in str(exc) or "Another server instance" in str(exc):
+            raise StoreLockedError(
+                f"{dsn} is open in another process (is `dsec up` running?)"
+            ) from exc
+        raise
 
 
 def schema_statements(ttl_days: int) -> list[str]:

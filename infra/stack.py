@@ -37,6 +37,8 @@ from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
+# How long a starting sink waits for the embedded store held by the sink before it.
+STORE_LOCK_WAIT_S = 60.0
 
 
 def sink_group(settings: DsecSettings) -> str:
@@ -112,7 +114,8 @@ def _start_sink_process(
     process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent,
                                start_new_session=True)
     deadline = time.monotonic() + timeout_s
-    while read_stack_state(data_dir) is None:
+    # Its own state file: a killed stack's sink may still be stopping, its file still there.
+    while (read_stack_state(data_dir) or {}).get("pid") != process.pid:
         if process.poll() is not None or time.monotonic() > deadline:
             stop_process(process)
             raise RuntimeError("the ClickHouse sink process did not start")
@@ -189,7 +192,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             sink_process = _start_sink_process(settings, data_dir, stopping)
             _record_metrics_endpoints(data_dir, _endpoints(metrics_server, faust_services))
         elif "sink" in options.services:
-            client = connect(settings.clickhouse_target())
+            # A sink whose stack was killed gets SIGTERM and may still be closing the store.
+            client = connect(settings.clickhouse_target(), wait_for_lock_s=STORE_LOCK_WAIT_S)
             ensure_schema(client, settings.clickhouse_ttl_days)
             client_lock = threading.Lock()
             sink = ClickHouseSink(
@@ -228,7 +232,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                                       topics.policies: "policy-engine"})
         watch_faust_app(app, metrics, services_by_topic)
         set_up.set()
-        worker = QuietWorker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+        worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
             worker.execute_from_commandline()
     finally:

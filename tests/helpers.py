@@ -46,14 +46,19 @@ def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | Non
     if services:
         command += ["--services", services]
     data_dir.mkdir(parents=True, exist_ok=True)
+    # a killed stack's sink may still be stopping, its state file still there
+    stale_pid = (read_stack_state(data_dir) or {}).get("pid")
     log_path = data_dir / log_name
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    state = wait_for(lambda: process.poll() is not None or read_stack_state(data_dir), 120,
-                     what="the stack to start")
+
+    def started() -> bool:
+        state = read_stack_state(data_dir)
+        return state is not None and state["pid"] != stale_pid
+
+    wait_for(lambda: process.poll() is not None or started(), 120, what="the stack to start")
     if process.poll() is not None:
         pytest.fail(f"the stack exited: {log_path.read_text()[-3000:]}")
-    del state
     return process
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import subprocess
+import sys
+
 import pytest
 
-from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema
+from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema, store_locked
 from dsec.schemas import (
     EpisodeSample,
     FeatureEvent,
@@ -104,3 +108,34 @@ def test_decisions_keep_their_stage_and_older_stores_gain_the_column(client) -> 
                   column_names=rows.DECISION_COLUMNS)
     assert client.query("SELECT decision, stage FROM policy_decisions").result_rows == [
         ("staged_up", 2)]
+
+
+def test_a_store_is_locked_while_its_status_file_is_held(tmp_path) -> None:
+    status = tmp_path / "status"
+    assert not store_locked(status)  # no status file: no engine has it open
+    status.write_text("")
+    with status.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert store_locked(status)
+    assert not store_locked(status)
+
+
+def test_connect_waits_for_the_process_holding_the_store_to_let_go(tmp_path) -> None:
+    """As a sink starting beside its killed predecessor's, still closing the store."""
+    dsn = f"chdb://{tmp_path / 'ch'}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from dsec.infra.clickhouse import connect\n"
+         f"client = connect({dsn!r}); client.query('SELECT 1')\n"
+         "print('held', flush=True); time.sleep(2)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert store_locked(tmp_path / "ch" / "status")
+        client = connect(dsn, wait_for_lock_s=120)
+        assert client.query("SELECT 1").result_rows == [(1,)]
+        client.close()
+    finally:
+        holder.kill()
+        holder.wait()
