@@ -72,6 +72,9 @@ class _AcknowledgingTransport:
         self.poll()
         return 0
 
+    def close(self) -> None:
+        self.poll()
+
 
 def reference_model() -> Any:
     from torch import nn

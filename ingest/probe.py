@@ -599,4 +599,5 @@ class Probe:
             self._thread.join()
             self._thread = None
         self._transport.flush(self.config.shutdown_flush_timeout_s)
+        self._transport.close()
         return self.counters()

@@ -38,6 +38,9 @@ class RecordingTransport:
         self.poll()
         return 0
 
+    def close(self) -> None:
+        self.poll()
+
     def batches(self) -> list[MetricBatch]:
         return [decode(value, MetricBatch) for _topic, _key, value in self.messages]
 

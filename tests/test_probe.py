@@ -275,3 +275,16 @@ def test_a_nonfinite_sample_is_sent_at_once_and_a_nan_storm_is_not_a_message_per
         probe.shutdown()
     steps = transport.samples("step")
     assert sum(s.loss_nonfinite for s in steps) >= 100  # every NaN step was a sample
+
+
+def test_closing_the_kafka_transport_reports_what_it_held_as_not_delivered() -> None:
+    """A closed transport leaves no client behind reconnecting to a broker that is gone."""
+    from dsec.ingest.transport import KafkaTransport
+
+    transport = KafkaTransport({"bootstrap.servers": "127.0.0.1:1", "enable.idempotence": True,
+                                "acks": "all"})
+    reports: list[tuple[bool, str]] = []
+    assert transport.send("metrics", b"w0", b"{}", lambda ok, error: reports.append((ok, error)))
+    transport.close()
+    transport.close()  # twice is harmless
+    assert len(reports) == 1 and reports[0][0] is False
