@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -121,19 +122,23 @@ def watch_faust_app(
     services_by_topic: Mapping[str, str],
     lag_interval_s: float = 5.0,
     silent_after_s: float = 30.0,
+    stuck_after_s: float = 180.0,
 ) -> None:
-    """The worker's health (started, not crashed, its event loop turning) as a check of
-    ``metrics``, and the consumer lag of the source topics named in ``services_by_topic``
-    (topic -> the service that reads it), refreshed every ``lag_interval_s``."""
+    """The worker's health (started, not crashed, its event loop turning, and no source
+    partition whose commits stood still for ``stuck_after_s`` with messages behind them:
+    a wedged consumer, for a liveness probe to restart) as checks of ``metrics``, and the
+    consumer lag of the source topics named in ``services_by_topic`` (topic -> the service
+    that reads it), refreshed every ``lag_interval_s``."""
     lag = metrics.gauge(CONSUMER_LAG)
     ticks: dict[str, float] = {}
     reported: set[tuple[str, str, str]] = set()
-    commit_seen: dict[Any, tuple[int | None, float]] = {}
+    stalls = CommitStalls(log_every_s=silent_after_s)
 
     def refresh_lag() -> None:
         consumer = app.consumer
         committed = getattr(consumer, "_committed_offset", {})
         current: dict[tuple[str, str, str], int] = {}
+        observed: set[tuple[str, int]] = set()
         for tp in consumer.assignment():
             service = services_by_topic.get(tp.topic)
             if service is None:
@@ -143,7 +148,9 @@ def watch_faust_app(
                 continue
             done = committed.get(tp)
             current[(service, tp.topic, str(tp.partition))] = max(end - (done or 0), 0)
-            _watch_commit(consumer, tp, done, end, commit_seen, silent_after_s)
+            _watch_commit(consumer, tp, done, end, stalls)
+            observed.add((tp.topic, tp.partition))
+        stalls.keep_only(observed)
         for labels in reported - current.keys():
             lag.remove(*labels)  # a partition this worker no longer holds
         for labels, value in current.items():
@@ -175,21 +182,65 @@ def watch_faust_app(
 
     metrics.add_health_check("faust-worker", healthy)
 
+    def commits_moving() -> str | None:
+        stuck = stalls.longest(time.monotonic())
+        if stuck is None or stuck[1] < stuck_after_s:
+            return None
+        (topic, partition), stood_s = stuck
+        return (f"commits on {topic}:{partition} have stood still for {stood_s:.0f} s with "
+                f"messages behind them (not paused for table recovery)")
+
+    metrics.add_health_check("faust-commits", commits_moving)
+
+
+@dataclass
+class CommitStalls:
+    """Partitions (``(topic, partition)``) whose committed offset stands still while
+    messages wait behind it and it is not paused for table recovery: since when, for the
+    log and the health check."""
+
+    log_every_s: float = 30.0
+    _since: dict[tuple[str, int], tuple[int | None, float]] = field(default_factory=dict)
+    _logged_s: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def observe(self, tp: tuple[str, int], committed: int | None, end: int, paused: bool,
+                now_s: float) -> float | None:
+        """How long ``tp``'s commits have stood still, when it is time to log it (once
+        every ``log_every_s`` of standing); else None."""
+        last = self._since.get(tp)
+        if last is None or last[0] != committed or end <= (committed or 0) or paused:
+            self._since[tp] = (committed, now_s)
+            self._logged_s.pop(tp, None)
+            return None
+        stood_s = now_s - last[1]
+        if now_s - self._logged_s.get(tp, last[1]) < self.log_every_s:
+            return None
+        self._logged_s[tp] = now_s
+        return stood_s
+
+    def keep_only(self, assigned: set[tuple[str, int]]) -> None:
+        """Forgets the partitions this worker no longer holds."""
+        for tp in set(self._since) - assigned:
+            del self._since[tp]
+            self._logged_s.pop(tp, None)
+
+    def longest(self, now_s: float) -> tuple[tuple[str, int], float] | None:
+        """The partition standing still the longest and for how long (None: none held)."""
+        if not self._since:
+            return None
+        tp, (_committed, since_s) = min(self._since.items(), key=lambda item: item[1][1])
+        return tp, now_s - since_s
+
 
 def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
-                  seen: dict[Any, tuple[int | None, float]], stalled_after_s: float) -> None:
-    """Log a partition whose committed offset has not moved for ``stalled_after_s`` while
-    messages are waiting behind it (and it is not paused for table recovery), with the
-    consumer's bookkeeping for it."""
-    now = time.monotonic()
-    last = seen.get(tp)
+                  stalls: CommitStalls) -> None:
+    """Logs a partition whose committed offset has stood still for a while (every
+    ``stalls.log_every_s``) with the consumer's bookkeeping for it."""
     paused = tp in getattr(consumer, "_paused_partitions", ())  # recovering its tables
-    if last is None or last[0] != committed or end <= (committed or 0) or paused:
-        seen[tp] = (committed, now)
+    stood_s = stalls.observe((tp.topic, tp.partition), committed, end, paused,
+                             time.monotonic())
+    if stood_s is None:
         return
-    if now - last[1] < stalled_after_s:
-        return
-    seen[tp] = (committed, now)
     acked = sorted(getattr(consumer, "_acked", {}).get(tp) or [])
     in_flight = sorted(m.offset for m in list(getattr(consumer, "_unacked_messages", ()))
                        if m.tp == tp)
@@ -197,7 +248,7 @@ def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
     logging.getLogger(__name__).warning(
         "commits on %s:%s stalled at %s for %.0f s with the end at %s: read offset %s, "
         "%d acked (%s..%s), %d in flight (%s..%s), gap %s; %s",
-        tp.topic, tp.partition, committed, now - last[1], end,
+        tp.topic, tp.partition, committed, stood_s, end,
         getattr(consumer, "_read_offset", {}).get(tp), len(acked),
         acked[0] if acked else None, acked[-1] if acked else None, len(in_flight),
         in_flight[0] if in_flight else None, in_flight[-1] if in_flight else None,

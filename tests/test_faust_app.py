@@ -1,13 +1,14 @@
 """The stream jobs' Faust app: stream buffers survive a resume of flow that is already on,
 and are emptied when flow comes back from a suspension (what they hold then belongs to the
-assignment before); table changelogs get the configured replication factor."""
+assignment before); table changelogs get the configured replication factor; a partition whose
+commits stand still with messages behind them is logged and fails the health check."""
 
 from __future__ import annotations
 
 from mode.utils.queues import FlowControlQueue
 
 from dsec.settings import DsecSettings
-from dsec.stream_jobs.faust_app import ResumeKeepsBuffers, make_faust_app
+from dsec.stream_jobs.faust_app import CommitStalls, ResumeKeepsBuffers, make_faust_app
 
 
 def _buffer(flow: ResumeKeepsBuffers) -> FlowControlQueue:
@@ -40,3 +41,29 @@ def test_table_changelogs_get_the_configured_replication_factor() -> None:
     app = make_faust_app("dsec-test", DsecSettings(replication_factor=3), partitions=6)
     assert app.conf.topic_replication_factor == 3
     assert isinstance(app.flow_control, ResumeKeepsBuffers)
+
+
+TP = ("metrics", 0)
+
+
+def test_commits_standing_still_with_messages_behind_are_logged_every_interval() -> None:
+    stalls = CommitStalls(log_every_s=30)
+    logged = [stalls.observe(TP, committed=None, end=60, paused=False, now_s=float(t))
+              for t in range(0, 100, 5)]
+    assert [t for t, stood in zip(range(0, 100, 5), logged, strict=True) if stood] == [30, 60, 90]
+    assert [stood for stood in logged if stood] == [30.0, 60.0, 90.0]  # standing in all
+    assert stalls.longest(now_s=95.0) == (TP, 95.0)
+
+
+def test_moving_commits_paused_partitions_and_caught_up_ones_do_not_stand_still() -> None:
+    stalls = CommitStalls(log_every_s=30)
+    for t in range(0, 100, 5):
+        assert stalls.observe(TP, committed=t, end=200, paused=False, now_s=t) is None
+        assert stalls.observe(("metrics", 1), None, 60, paused=True, now_s=t) is None
+        assert stalls.observe(("metrics", 2), 60, end=60, paused=False, now_s=t) is None
+    assert stalls.longest(now_s=95.0)[1] == 0.0
+    stalls.observe(TP, committed=95, end=200, paused=False, now_s=200.0)  # stands from 95 s
+    stalls.keep_only({TP})
+    assert stalls.longest(now_s=200.0) == (TP, 105.0)
+    stalls.keep_only(set())  # revoked: forgotten
+    assert stalls.longest(now_s=200.0) is None
