@@ -1,4 +1,5 @@
-"""A Faust app whose producer is idempotent with ``acks=all``, whatever the processing guarantee."""
+"""A Faust app whose producer is idempotent with ``acks=all``, whatever the processing guarantee,
+and whose consumer does not lose what it fetched during a table recovery."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
@@ -22,7 +24,55 @@ class _IdempotentProducer(aiokafka_driver.Producer):
         return {"acks": "all", "enable_idempotence": True}
 
 
+class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    """Two guards against messages the Kafka client handed over that Faust then dropped,
+    the client's position already past them: lost to this worker for good when the group
+    had committed nothing for their partition (a worker killed before its first commit).
+
+    - A fetch gets its own copy of the active partitions. Faust passes its live set, and
+      table recovery empties it while the fetch waits (it pauses the changelogs it has
+      read, the source partitions still paused): aiokafka takes an empty set for "every
+      partition" and hands over the paused source partitions' messages, which Faust drops.
+    - The seek to the committed offsets after a rebalance puts a partition with no
+      committed offset where the reset policy says (aiokafka leaves it where it is), so
+      what was fetched and dropped before it is fetched again.
+    """
+
+    async def getmany(self, active_partitions: set | None, timeout: float) -> Any:
+        own = None if active_partitions is None else set(active_partitions)
+        return await super().getmany(own, timeout)
+
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        return await self.call_thread(self._seek_to_committed_or_reset)
+
+    async def _seek_to_committed_or_reset(self) -> Mapping[Any, int]:
+        return await seek_to_committed_or_reset(self._ensure_consumer(),
+                                                self.app.conf.consumer_auto_offset_reset)
+
+
+async def seek_to_committed_or_reset(consumer: Any, auto_offset_reset: str) -> Mapping[Any, int]:
+    """Seeks an aiokafka consumer's assigned partitions to their committed offsets, and
+    those with none to where ``auto_offset_reset`` puts them; returns the committed ones."""
+    committed = await consumer.seek_to_committed()
+    never = [tp for tp, offset in committed.items() if not offset]
+    if never:
+        try:
+            if auto_offset_reset == "latest":
+                await consumer.seek_to_end(*never)
+            else:
+                await consumer.seek_to_beginning(*never)
+        except IllegalStateError:  # a rebalance took them away; the next one seeks
+            pass
+    return committed
+
+
+class _Consumer(aiokafka_driver.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
 class _Transport(aiokafka_driver.Transport):
+    Consumer = _Consumer
     Producer = _IdempotentProducer
 
 
