@@ -43,11 +43,8 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         return await super().getmany(own, timeout)
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
-        return await self.call_thread(self._seek_to_committed_or_reset)
-
-    async def _seek_to_committed_or_reset(self) -> Mapping[Any, int]:
-        return await seek_to_committed_or_reset(self._ensure_consumer(),
-                                                self.app.conf.consumer_auto_offset_reset)
+        return await self.call_thread(seek_to_committed_or_reset, self._ensure_consumer(),
+                                      self.app.conf.consumer_auto_offset_reset)
 
 
 async def seek_to_committed_or_reset(consumer: Any, auto_offset_reset: str) -> Mapping[Any, int]:
