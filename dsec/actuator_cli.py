@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +25,7 @@ def actuator_command(
     from dsec.observability.server import serve_metrics
     from dsec.schemas import topic_names
     from dsec.settings import DsecSettings
+    from dsec.stop_signals import StopSignals
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -56,9 +55,7 @@ def actuator_command(
         publish,
         metrics=metrics,
     )
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = StopSignals()
     daemon.start()
     logging.getLogger("dsec.actuator").info("node actuator %s listening on %s",
                                             node, daemon.socket_path)

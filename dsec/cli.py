@@ -334,15 +334,14 @@ def kafka_run(
 ) -> None:
     """Run the local KRaft broker with dsec's topics until Ctrl-C (for DSEC_TEST_BOOTSTRAP)."""
     import signal
-    import threading
 
     from dsec.infra.kafka_local import KAFKA_VERSION, LocalKafka
     from dsec.infra.topics import ensure_topics
+    from dsec.stop_signals import StopSignals
 
     settings = _settings(data_dir=data_dir)
     broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = StopSignals((signal.SIGTERM,))
     try:
         bootstrap = broker.start()
         ensure_topics(settings.model_copy(update={"bootstrap": bootstrap}))

@@ -30,6 +30,7 @@ from dsec.observability.server import MetricsServer, serve_metrics
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.settings import DsecSettings
+from dsec.stop_signals import StopSignals
 from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app, watch_faust_app
 from dsec.stream_jobs.metrics_job import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.sink import ClickHouseSink
@@ -94,10 +95,7 @@ class StackOptions:
 
 
 def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+    StopSignals().wait()
 
 
 def _start_sink_process(

@@ -1,0 +1,41 @@
+"""Services wait for SIGINT/SIGTERM without taking a lock in the handler, so a burst of
+signals (a supervisor's TERM and its parent's death signal together) cannot wedge them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from dsec.stop_signals import StopSignals
+
+
+def test_wait_returns_on_a_signal_and_times_out_without_one() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        stop = StopSignals((signal.SIGTERM,), poll_s=0.01)
+        assert stop.wait(timeout_s=0.05) is False
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(timeout_s=5) is True
+        assert stop.received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_burst_of_signals_stops_the_service_instead_of_wedging_it() -> None:
+    for _ in range(5):
+        service = subprocess.Popen(
+            [sys.executable, "-c",
+             "from dsec.stop_signals import StopSignals\n"
+             "stop = StopSignals()\n"
+             "print('ready', flush=True)\n"
+             "stop.wait()\n"],
+            stdout=subprocess.PIPE, text=True)
+        assert service.stdout.readline().strip() == "ready"
+        for index in range(200):
+            try:
+                os.kill(service.pid, signal.SIGTERM if index % 2 else signal.SIGINT)
+            except ProcessLookupError:
+                break
+        assert service.wait(timeout=30) == 0
