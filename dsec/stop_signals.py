@@ -9,6 +9,7 @@ open it.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 
@@ -28,11 +29,8 @@ class StopSignals:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """True once a signal came; False when ``timeout_s`` passed first (None: no limit)."""
-        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline_s = math.inf if timeout_s is None else time.monotonic() + timeout_s
         while not self.received:
-            if deadline_s is None:
-                time.sleep(self._poll_s)
-                continue
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:
                 return False
