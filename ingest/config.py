@@ -20,20 +20,24 @@ class ProbeConfig(BaseSettings):
     max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
     # Python run on the training thread after a step meets cold caches: on a 2-3 ms CPU step
     # a step sample (loss read, mean step time) costs 20-80 us, a gradient norm 0.3-1 ms.
-    # Each is taken every N steps when set; by default (None) spaced so that it costs at most
-    # its budget fraction of the training time, measured as it goes (every 10th step until
-    # it knows), and at least every max_interval steps. The reference step of
-    # ``dsec bench probe-overhead`` gets a sample every 10-30 steps and a norm every 100-600;
-    # a GPU step of tens of milliseconds gets both every step or two. A norm's cap is high so
-    # that the budget, not the cap, spaces it on a fast loop: capped at 100 steps, the norm
-    # alone cost that step 0.3 %.
+    # Each is taken every N steps when set; by default (None) spaced so that the time it is
+    # timed for stays within its budget fraction of the training time, measured as it goes
+    # (every 10th step until it knows), and at least every max_interval steps.
+    # The time around the work is not all of its cost: the steps after it run slower too
+    # (their caches are cold). Measured on the reference step of ``dsec bench
+    # probe-overhead``, a sample every 20 steps and a norm every 80 (budgets of 0.1 %) cost
+    # 0.28 % and 0.27 % of the step, where their timed share was 0.1 % each. The budgets
+    # are therefore 0.04 % for samples (there: every 50 steps, the cap) and 0.02 % for
+    # norms (every 300-350 steps); a GPU step of tens of milliseconds gets a sample every
+    # 3-5 steps and a norm every 5-10. A norm's cap is high so that the budget,
+    # not the cap, spaces it on a fast loop.
     # Steps between samples are only counted.
     step_sample_every_n_steps: int | None = Field(default=None, ge=1)
-    step_sample_budget_fraction: float = Field(default=0.001, gt=0, le=1)
+    step_sample_budget_fraction: float = Field(default=0.0004, gt=0, le=1)
     step_sample_max_interval_steps: int = Field(default=50, ge=1)
     # The probe's own gradient norm, when the trainer does not hand over its clipping norm.
     grad_norm_every_n_steps: int | None = Field(default=None, ge=1)
-    grad_norm_budget_fraction: float = Field(default=0.001, gt=0, le=1)
+    grad_norm_budget_fraction: float = Field(default=0.0002, gt=0, le=1)
     grad_norm_max_interval_steps: int = Field(default=1000, ge=1)
     # Also check the loss of every step between samples for NaN/Inf (the flusher reads them;
     # a bad one becomes a sample of its own). Off by default: reading every loss costs about
