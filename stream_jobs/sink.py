@@ -196,6 +196,7 @@ class ClickHouseSink:
         self._metrics_topic = topics.metrics
         self._dead_letter_topic = topics.dead_letters
         self._producer = Producer(producer_config)
+        self._producer_closed = False
         self._routes = routes_for(topics)
         self._tables = {route.table: route for route in self._routes.values()}
         self._batch_max = batch_max_messages
@@ -502,11 +503,19 @@ class ClickHouseSink:
                     raise
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops the loop, delivers what the dead-letter producer holds and lets go of it
+        (a producer left to the garbage collector keeps reconnecting to a broker that is
+        gone, from threads of its own)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=timeout_s)
+        if self._producer_closed:
+            return
         self._producer.flush(timeout_s)
+        if thread is None or not thread.is_alive():  # a loop still running may publish
+            self._producer_closed = True
+            self._producer.close()
 
 
 def wait_until_drained(
