@@ -9,6 +9,9 @@
    metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
    is not counted, and it includes features, GPU profiles and the ClickHouse writes.
+
+Each side's CPU time per million samples is printed too (the bare consumer's process, the
+stream-job process and the sink's; Linux only): what each costs, whatever the rates.
 """
 
 from __future__ import annotations
@@ -86,7 +89,34 @@ def _decode_columns(document: dict) -> int:
     return samples
 
 
-def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float, float]:
+def _cpu_s(pid: int) -> float | None:
+    """User and system CPU seconds a process has used so far (None where /proc is not)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _child_pids(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(entry.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return children
+
+
+def _per_million(cpu_s: float | None, samples: int) -> float | None:
+    return None if cpu_s is None or samples <= 0 else round(cpu_s * 1e6 / samples, 3)
+
+
+def _raw_rate(
+    settings: DsecSettings, topic: str, messages: int
+) -> tuple[float, float, float | None]:
+    """(samples/s, messages/s, CPU seconds per million samples counted)."""
     # The same client settings as the sink's consumer: only what is done per message differs.
     consumer = Consumer(consumer_config(settings, f"bench-raw-{uuid.uuid4().hex}", **BULK_FETCH))
     metadata = consumer.list_topics(topic, timeout=10)
@@ -96,6 +126,7 @@ def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float,
     # it started, is not counted: the stream stack's rate likewise starts at its first
     # commit and leaves the messages before it out.
     started = None
+    cpu_started_s = 0.0
     counted_messages = counted_samples = 0
     while read < messages:
         # A short wait: with a long one, the last call (short of a full batch) waits out
@@ -110,10 +141,12 @@ def _raw_rate(settings: DsecSettings, topic: str, messages: int) -> tuple[float,
                 counted_samples += decoded
                 counted_messages += 1
         if started is None and batch:
-            started = time.perf_counter()
+            started, cpu_started_s = time.perf_counter(), time.process_time()
     elapsed = time.perf_counter() - (started or time.perf_counter())
+    cpu_s = time.process_time() - cpu_started_s
     consumer.close()
-    return counted_samples / elapsed, counted_messages / elapsed
+    return (counted_samples / elapsed, counted_messages / elapsed,
+            _per_million(cpu_s, counted_samples))
 
 
 def _group_progress(probe: Consumer, partitions: list[TopicPartition]) -> int:
@@ -142,6 +175,10 @@ def _pipeline_rate(
         partitions = [TopicPartition(topic, p) for p in metadata.topics[topic].partitions]
         first: dict[str, tuple[float, int]] = {}
         done: dict[str, float] = {}
+        # CPU seconds of the process doing each group's work, at its first and last commit
+        pids: dict[str, int | None] = {"stream_job": stack.pid, "sink": None}
+        cpu_first: dict[str, float | None] = {}
+        cpu_done: dict[str, float | None] = {}
         deadline = time.monotonic() + options.timeout_s
         while len(done) < len(groups):
             if stack.poll() is not None:
@@ -149,14 +186,19 @@ def _pipeline_rate(
             if time.monotonic() > deadline:
                 raise RuntimeError("the stack did not finish in time")
             now = time.perf_counter()
+            if pids["sink"] is None:  # the sink's own process, once the stack has started it
+                pids["sink"] = next(iter(_child_pids(stack.pid)), None)
             for name, probe in probes.items():
                 if name in done:
                     continue
                 progress = _group_progress(probe, partitions)
+                pid = pids[name]
                 if progress and name not in first:
                     first[name] = (now, progress)
+                    cpu_first[name] = None if pid is None else _cpu_s(pid)
                 if progress >= messages:
                     done[name] = now
+                    cpu_done[name] = None if pid is None else _cpu_s(pid)
             time.sleep(0.05)
         rates = {}
         per_message = options.samples_per_message
@@ -164,6 +206,10 @@ def _pipeline_rate(
             started, offset = first[name]
             elapsed = max(done[name] - started, 1e-9)
             rates[f"{name}_samples_per_s"] = (messages - offset) * per_message / elapsed
+            before, after = cpu_first.get(name), cpu_done.get(name)
+            rates[f"{name}_cpu_s_per_million_samples"] = _per_million(
+                None if before is None or after is None else after - before,
+                (messages - offset) * per_message)
         started = min(t for t, _ in first.values())
         offset = min(o for _, o in first.values())
         elapsed = max(done.values()) - started
@@ -192,7 +238,7 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         ensure_topics(settings, partitions=options.partitions)
         topic = topic_names(settings.topic_prefix).metrics
         messages = _fill(settings, topic, options)
-        raw_samples_per_s, raw_messages_per_s = _raw_rate(settings, topic, messages)
+        raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
         pipeline = _pipeline_rate(settings, topic, messages, options, settings.data_dir)
         return {
             "raw_samples_per_s": round(raw_samples_per_s),
@@ -202,6 +248,11 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             "ratio": round(pipeline["pipeline_samples_per_s"] / raw_samples_per_s, 3),
             "stream_job_samples_per_s": round(pipeline["stream_job_samples_per_s"]),
             "sink_samples_per_s": round(pipeline["sink_samples_per_s"]),
+            "cpu_s_per_million_samples": {
+                "raw": raw_cpu,
+                "stream_job": pipeline["stream_job_cpu_s_per_million_samples"],
+                "sink": pipeline["sink_cpu_s_per_million_samples"],
+            },
             "samples": messages * options.samples_per_message,
             "messages": messages,
             "samples_per_message": options.samples_per_message,
