@@ -186,7 +186,9 @@ def _pipeline_rate(
             if time.monotonic() > deadline:
                 raise RuntimeError("the stack did not finish in time")
             now = time.perf_counter()
-            if pids["sink"] is None:  # the sink's own process, once the stack has started it
+            if pids["sink"] is None and not first:
+                # The sink's own process: the stack starts it before its stream jobs, so it
+                # is there by the first commit; a sink inside the stack has no figure of its own.
                 pids["sink"] = next(iter(_child_pids(stack.pid)), None)
             for name, probe in probes.items():
                 if name in done:

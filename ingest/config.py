@@ -28,9 +28,9 @@ class ProbeConfig(BaseSettings):
     # probe-overhead``, a sample every 20 steps and a norm every 80 (budgets of 0.1 %) cost
     # 0.28 % and 0.27 % of the step, where their timed share was 0.1 % each. The budgets
     # are therefore 0.04 % for samples (there: every 50 steps, the cap) and 0.02 % for
-    # norms (every 300-350 steps); a GPU step of tens of milliseconds gets a sample every
-    # 3-5 steps and a norm every 5-10. A norm's cap is high so that the budget,
-    # not the cap, spaces it on a fast loop.
+    # norms (every 300-350 steps). A GPU step of tens of milliseconds, where the same work
+    # takes tens of microseconds, gets a sample about every 3-5 steps and a norm about every
+    # 5-10. A norm's cap is high so that the budget, not the cap, spaces it on a fast loop.
     # Steps between samples are only counted.
     step_sample_every_n_steps: int | None = Field(default=None, ge=1)
     step_sample_budget_fraction: float = Field(default=0.0004, gt=0, le=1)
