@@ -27,17 +27,18 @@ class ProbeConfig(BaseSettings):
     # (their caches are cold). Measured on the reference step of ``dsec bench
     # probe-overhead``, a sample every 20 steps and a norm every 80 (budgets of 0.1 %) cost
     # 0.28 % and 0.27 % of the step, where their timed share was 0.1 % each. The budgets
-    # are therefore 0.04 % for samples (there: every 50 steps, the cap) and 0.02 % for
-    # norms (every 300-350 steps). A GPU step of tens of milliseconds, where the same work
-    # takes tens of microseconds, gets a sample about every 3-5 steps and a norm about every
-    # 5-10. A norm's cap is high so that the budget, not the cap, spaces it on a fast loop.
+    # are therefore 0.02 % for samples (there: every 100 steps, the cap, 5-6 a second) and
+    # 0.01 % for norms (every 640-680 steps, about one a second). A GPU step of tens of
+    # milliseconds, where the same work takes tens of microseconds, gets a sample about
+    # every 5-10 steps and a norm about every 20-40. A norm's cap is high so that the
+    # budget, not the cap, spaces it on a fast loop.
     # Steps between samples are only counted.
     step_sample_every_n_steps: int | None = Field(default=None, ge=1)
-    step_sample_budget_fraction: float = Field(default=0.0004, gt=0, le=1)
-    step_sample_max_interval_steps: int = Field(default=50, ge=1)
+    step_sample_budget_fraction: float = Field(default=0.0002, gt=0, le=1)
+    step_sample_max_interval_steps: int = Field(default=100, ge=1)
     # The probe's own gradient norm, when the trainer does not hand over its clipping norm.
     grad_norm_every_n_steps: int | None = Field(default=None, ge=1)
-    grad_norm_budget_fraction: float = Field(default=0.0002, gt=0, le=1)
+    grad_norm_budget_fraction: float = Field(default=0.0001, gt=0, le=1)
     grad_norm_max_interval_steps: int = Field(default=1000, ge=1)
     # Also check the loss of every step between samples for NaN/Inf (the flusher reads them;
     # a bad one becomes a sample of its own). Off by default: reading every loss costs about
