@@ -43,8 +43,8 @@ from dsec.actuators.desired_state import (
 )
 from dsec.actuators.gate import CommandGate, out_of_bounds_result
 from dsec.actuators.snapshot_store import write_atomically
-from dsec.observability.kafka import ConsumerLag
-from dsec.observability.metrics import (
+from dsec.infra.observability.kafka import ConsumerLag
+from dsec.infra.observability.metrics import (
     ACTUATIONS,
     EVENTS_IN,
     EVENTS_OUT,

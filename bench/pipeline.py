@@ -33,14 +33,14 @@ import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.traces import TraceIdentity, training_batch
+from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import sink_group, stream_group
 from dsec.infra.topics import ensure_topics
-from dsec.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.schemas import topic_names
 from dsec.schemas.metrics import encode_packed
-from dsec.settings import DsecSettings
-from dsec.stream_jobs.traces import TraceIdentity, training_batch
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import sink_group, stream_group
 
 BENCH_SERVICES = frozenset({"stream-jobs", "sink"})  # the policy engine reads features only
 

@@ -142,7 +142,7 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
     from dsec.ingest import ProbeConfig
     from dsec.runtime import WorkerRuntime
     from dsec.schemas import WorkerIdentity
-    from dsec.settings import DsecSettings
+    from dsec.schemas.settings import DsecSettings
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

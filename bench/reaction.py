@@ -34,10 +34,10 @@ from dsec.actuators.channel import socket_path
 from dsec.bench.reaction_figures import TrialRecord, reaction_figures
 from dsec.bench.reaction_trace import read_stage_times
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
-from dsec.infra.stack import read_stack_state, stop_process
 from dsec.infra.topics import ensure_topics
 from dsec.ingest import ProbeConfig
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import read_stack_state, stop_process
 
 POLICY = "precision-downgrade"
 NODE_ID = "bench-node"

@@ -13,10 +13,10 @@ from collections.abc import Collection, Iterator
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from dsec.bench.reaction_figures import StageTimes
-from dsec.kafka_clients import consumer_config
+from dsec.infra.kafka_clients import consumer_config
 from dsec.schemas import ActuationCommand, DecodeError, FeatureEvent, decode, topic_names
-from dsec.settings import DsecSettings
-from dsec.stream_jobs.fast_decode import decode_metric_batch
+from dsec.schemas.fast_decode import decode_metric_batch
+from dsec.schemas.settings import DsecSettings
 
 
 def _read_to_end(consumer: Consumer, topics: list[str], timeout_s: float) -> Iterator[Message]:

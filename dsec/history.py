@@ -7,10 +7,10 @@ import threading
 import urllib.error
 import urllib.request
 
-from dsec.infra.clickhouse import StoreLockedError, connect
-from dsec.infra.query_server import run_readonly
-from dsec.infra.stack import read_stack_state
-from dsec.settings import DsecSettings
+from dsec.infra.store.clickhouse import StoreLockedError, connect
+from dsec.infra.store.query_server import run_readonly
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import read_stack_state
 
 
 class HistoryError(RuntimeError):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from dsec.history import query
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from dsec.actuators.snapshot_trigger import SnapshotTrigger
 from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
+from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
 from dsec.ingest.nvml import NvmlSampler
-from dsec.kafka_clients import consumer_config, producer_config
 from dsec.schemas import (
     ActionKind,
     ActuationResult,
@@ -30,7 +30,7 @@ from dsec.schemas import (
     encode,
     topic_names,
 )
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from dsec.schemas.settings import DsecSettings
 from dsec.schemas.topics import TOPICS
-from dsec.settings import DsecSettings
 
 
 def ensure_topics(

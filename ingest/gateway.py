@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from dsec.infra.observability.metrics import EVENTS_IN, ProcessMetrics
+from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import BatchPublisher, PublishError
-from dsec.ingest.gateway_registry import RuntimeRegistry
-from dsec.observability.metrics import EVENTS_IN, ProcessMetrics
 from dsec.schemas import (
     MetricBatch,
     RuntimeMetricsPost,

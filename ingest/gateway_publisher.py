@@ -8,7 +8,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, Producer
 
-from dsec.observability.metrics import EVENTS_OUT, ProcessMetrics
+from dsec.infra.observability.metrics import EVENTS_OUT, ProcessMetrics
 
 
 class PublishError(RuntimeError):

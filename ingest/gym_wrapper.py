@@ -27,12 +27,9 @@ ReasonFn = Callable[[Any, dict[str, Any]], str | None]  # (last observation, inf
 
 
 def _current_probe() -> EpisodeSink | None:
-    import dsec
+    from dsec.ingest.current import current_probe
 
-    try:
-        return dsec.current().probe
-    except RuntimeError:
-        return None
+    return current_probe()
 
 
 class EpisodeReporter(gym.Wrapper):

@@ -16,9 +16,12 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 
 def _current_probe() -> Any:
-    import dsec
+    from dsec.ingest.current import current_probe
 
-    return dsec.current().probe
+    probe = current_probe()
+    if probe is None:
+        raise RuntimeError("call dsec.init() first")
+    return probe
 
 
 class DsecCallback(BaseCallback):

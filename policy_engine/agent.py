@@ -18,7 +18,8 @@ import faust
 import orjson
 from faust.streams import _current_event  # the changelog partition comes from it
 
-from dsec.observability.metrics import (
+from dsec.infra.faust_app import dead_letter_for
+from dsec.infra.observability.metrics import (
     ACTUATIONS,
     BREAKER_TRIPS,
     EVENTS_DEAD_LETTERED,
@@ -35,7 +36,6 @@ from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, decode, encode
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs.metrics_job import dead_letter_for
 
 log = logging.getLogger(__name__)
 

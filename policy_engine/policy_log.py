@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from dsec.kafka_clients import make_consumer, make_producer
+from dsec.infra.kafka_clients import make_consumer, make_producer
 from dsec.schemas import PolicySpec, encode, topic_names
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 class PolicyLogError(RuntimeError):

@@ -7,8 +7,8 @@ import contextlib
 
 import faust
 
+from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.topics import ensure_changelog_topics
-from dsec.observability.metrics import ProcessMetrics
 from dsec.policy_engine.agent import (
     TABLES,
     EngineCounters,
@@ -19,7 +19,7 @@ from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.policy_log import read_policy_log
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import PolicyDecision, topic_names
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyDecision], int]:
@@ -58,9 +58,9 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     """The policy engine on its own (no stream jobs, no store) until SIGINT/SIGTERM."""
     from confluent_kafka.admin import AdminClient
 
+    from dsec.infra.faust_app import QuietWorker, make_faust_app, watch_faust_app
+    from dsec.infra.observability.server import serve_metrics
     from dsec.infra.topics import ensure_topics
-    from dsec.observability.server import serve_metrics
-    from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app, watch_faust_app
 
     settings.data_dir.resolve().mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)

@@ -21,7 +21,8 @@ import faust
 import numpy as np
 from faust.types import TP
 
-from dsec.observability.metrics import (
+from dsec.infra.faust_app import dead_letter_for
+from dsec.infra.observability.metrics import (
     EVENTS_DEAD_LETTERED,
     EVENTS_IN,
     EVENTS_OUT,
@@ -35,7 +36,6 @@ from dsec.observability.metrics import (
     dead_letter_reason,
 )
 from dsec.schemas import (
-    DeadLetter,
     DecodeError,
     FeatureEvent,
     GpuProfileEvent,
@@ -43,10 +43,10 @@ from dsec.schemas import (
     encode,
     now_ms,
 )
+from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.fast_decode import decode_metric_batch
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -112,14 +112,6 @@ class _JobInstruments:
         for times in recoveries:
             for value in times:
                 self.recovery_time.observe(float(value))
-
-
-def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
-    message = event.message
-    return DeadLetter.for_message(
-        topic=message.topic, partition=message.partition, offset=message.offset,
-        reason=reason, payload=message.value,
-    )
 
 
 def derived_event_id(*parts: object) -> str:

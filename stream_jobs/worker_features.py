@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.stream_jobs import stats
-from dsec.stream_jobs.frames import Frame
 
 State = dict[str, Any]
 

@@ -12,20 +12,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsec.infra.clickhouse import connect
+from dsec.infra.kafka_clients import consumer_config
 from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.stack import (
+from dsec.infra.store.clickhouse import connect
+from dsec.infra.store.sink import wait_until_drained
+from dsec.infra.topics import ensure_topics
+from dsec.schemas import topic_names
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import (
     SERVICES,
     read_stack_state,
     sink_group,
     stop_process,
     stream_group,
 )
-from dsec.infra.topics import ensure_topics
-from dsec.kafka_clients import consumer_config
-from dsec.schemas import topic_names
-from dsec.settings import DsecSettings
-from dsec.stream_jobs.sink import wait_until_drained
 
 
 class DemoError(RuntimeError):

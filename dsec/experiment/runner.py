@@ -143,7 +143,7 @@ def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
     (fired, or dry run) was taken, in seconds from ``t0``, except the periodic snapshot's."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from dsec.kafka_clients import consumer_config
+    from dsec.infra.kafka_clients import consumer_config
     from dsec.schemas import PolicyDecision, decode, topic_names
 
     topic = topic_names(settings.topic_prefix).decisions
@@ -187,9 +187,9 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
 
     from dsec.actuators.channel import socket_path
     from dsec.infra.kafka_local import LocalKafka
-    from dsec.infra.stack import read_stack_state, stop_process
     from dsec.infra.topics import ensure_topics
-    from dsec.settings import DsecSettings
+    from dsec.schemas.settings import DsecSettings
+    from dsec.services.stack import read_stack_state, stop_process
 
     run_dir = Path(options.run_dir or tempfile.mkdtemp(prefix="dsec-goodput-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -14,12 +13,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dsec.actuator_cli import actuator_command
 from dsec.bench.cli import bench_app
-from dsec.experiment_cli import experiment_app
-from dsec.gateway_cli import ingest_gateway
-from dsec.policy_cli import policy_app
-from dsec.settings import DsecSettings
+from dsec.cli.actuator import actuator_command
+from dsec.cli.experiment import experiment_app
+from dsec.cli.gateway import ingest_gateway
+from dsec.cli.policy import policy_app
+from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
@@ -57,7 +56,7 @@ def up(
     ] = "stream-jobs,policy-engine,sink",
 ) -> None:
     """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink) until Ctrl-C."""
-    from dsec.infra.stack import StackOptions, run_stack
+    from dsec.services.stack import StackOptions, run_stack
 
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -91,7 +90,7 @@ def init(
     """Create dsec's topics and ClickHouse tables if missing, then exit (safe to rerun)."""
     import time
 
-    from dsec.infra.clickhouse import connect, ensure_schema
+    from dsec.infra.store.clickhouse import connect, ensure_schema
     from dsec.infra.topics import ensure_topics
 
     settings = _settings(bootstrap=bootstrap)
@@ -139,7 +138,7 @@ def health(
     timeout_s: Annotated[float, typer.Option(min=0.1)] = 5.0,
 ) -> None:
     """Ask a dsec service whether it is healthy: exit 0 when it is, 1 otherwise."""
-    from dsec.observability.server import check_health
+    from dsec.infra.observability.server import check_health
 
     if url is None:
         settings = _settings()
@@ -223,10 +222,10 @@ def replay(
     bootstrap: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Publish a recorded or synthetic trace to the metrics topic, keeping its timing."""
-    from dsec.kafka_clients import make_producer
+    from dsec.infra.kafka_clients import make_producer
+    from dsec.infra.replay import read_lines
+    from dsec.infra.replay import replay as publish
     from dsec.schemas import topic_names
-    from dsec.stream_jobs.replay import read_lines
-    from dsec.stream_jobs.replay import replay as publish
 
     settings = _settings(bootstrap=bootstrap)
     producer = make_producer(settings, "dsec-replay")
@@ -250,7 +249,7 @@ def export_history(
 ) -> None:
     """Write stored raw samples back out as JSON lines that `dsec replay` reads."""
     from dsec.history import HistoryError, query
-    from dsec.stream_jobs.export import export_batches
+    from dsec.infra.store.export import export_batches
 
     settings = _settings(data_dir=data_dir)
     try:
@@ -336,8 +335,8 @@ def kafka_run(
     import signal
 
     from dsec.infra.kafka_local import KAFKA_VERSION, LocalKafka
+    from dsec.infra.stop_signals import StopSignals
     from dsec.infra.topics import ensure_topics
-    from dsec.stop_signals import StopSignals
 
     settings = _settings(data_dir=data_dir)
     broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port)
@@ -356,6 +355,3 @@ def kafka_run(
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

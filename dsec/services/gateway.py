@@ -6,17 +6,17 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
+from dsec.actuators.webhooks import WebhookForwarder
+from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.observability.metrics import ProcessMetrics
+from dsec.infra.observability.server import serve_metrics
+from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.infra.topics import ensure_topics
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import KafkaBatchPublisher
-from dsec.ingest.gateway_registry import RuntimeRegistry
-from dsec.ingest.gateway_webhooks import WebhookForwarder
-from dsec.kafka_clients import consumer_config, producer_config
-from dsec.observability.metrics import ProcessMetrics
-from dsec.observability.server import serve_metrics
 from dsec.schemas import topic_names
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 @dataclass

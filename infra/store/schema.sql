@@ -2,7 +2,7 @@
 -- Every table: day partitions, a TTL, and a deduplication window so that a replayed
 -- sink batch (same deduplication token) is not written twice. The raw sample tables
 -- (raw_step, raw_episode, …) and the raw_metrics view over them are made from the
--- sample schemas by infra/clickhouse.py, so that they always match the wire.
+-- sample schemas by infra/store/clickhouse.py, so that they always match the wire.
 
 CREATE TABLE IF NOT EXISTS features
 (

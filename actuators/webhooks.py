@@ -18,15 +18,15 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, KafkaError
 
 from dsec.actuators.gate import CommandGate
-from dsec.ingest.gateway_registry import RuntimeRegistry
-from dsec.observability.kafka import ConsumerLag
-from dsec.observability.metrics import (
+from dsec.infra.observability.kafka import ConsumerLag
+from dsec.infra.observability.metrics import (
     ACTUATIONS,
     EVENTS_IN,
     EVENTS_OUT,
     ProcessMetrics,
     action_label,
 )
+from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,

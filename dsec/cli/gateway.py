@@ -18,8 +18,8 @@ def ingest_gateway(
 ) -> None:
     """Serve runtime registration and metric ingest over HTTP; policies go back by webhook."""
     from dsec.ingest.gateway_config import GatewayConfig
-    from dsec.ingest.gateway_service import run_gateway
-    from dsec.settings import DsecSettings
+    from dsec.schemas.settings import DsecSettings
+    from dsec.services.gateway import run_gateway
 
     given = {"host": host, "port": port, "token": token}
     try:

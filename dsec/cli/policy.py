@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
 console = Console()

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import orjson
 
-from dsec.stream_jobs.frames import FIELD_DTYPES
-from dsec.stream_jobs.raw_columns import raw_table_name
+from dsec.infra.store.raw_columns import raw_table_name
+from dsec.schemas.frames import FIELD_DTYPES
 
 Query = Callable[[str, dict], dict]  # (sql, parameters) -> {"columns": [...], "rows": [...]}
 

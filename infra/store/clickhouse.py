@@ -14,8 +14,8 @@ import clickhouse_connect
 import numpy as np
 from clickhouse_connect.driver.client import Client
 
-from dsec.stream_jobs.frames import FIELD_DTYPES
-from dsec.stream_jobs.raw_columns import raw_table_name
+from dsec.infra.store.raw_columns import raw_table_name
+from dsec.schemas.frames import FIELD_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _connect_embedded(dsn: str) -> Client:
 
 
 def schema_statements(ttl_days: int) -> list[str]:
-    text = resources.files("dsec.infra").joinpath("clickhouse", "schema.sql").read_text()
+    text = resources.files("dsec.infra.store").joinpath("schema.sql").read_text()
     text = re.sub(r"--[^\n]*", "", text).replace("{ttl_days}", str(int(ttl_days)))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from dsec.observability.metrics import ProcessMetrics
-from dsec.settings import DsecSettings
+from dsec.infra.observability.metrics import ProcessMetrics
+from dsec.schemas.settings import DsecSettings
 
 log = logging.getLogger(__name__)
 

@@ -34,14 +34,17 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_not_exception_type, stop_never, wait_exponential
 
-from dsec.observability.kafka import ConsumerLag
-from dsec.observability.metrics import (
+from dsec.infra.observability.kafka import ConsumerLag
+from dsec.infra.observability.metrics import (
     EVENTS_DEAD_LETTERED,
     EVENTS_IN,
     EVENTS_OUT,
     STORE_REJECTED,
     ProcessMetrics,
 )
+from dsec.infra.store import rows
+from dsec.infra.store.insert_errors import InsertFailure, classify_insert_error, short_reason
+from dsec.infra.store.raw_columns import RawColumnsBuilder
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -53,11 +56,8 @@ from dsec.schemas import (
     decode,
     encode,
 )
+from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs import rows
-from dsec.stream_jobs.fast_decode import decode_metric_batch
-from dsec.stream_jobs.insert_errors import InsertFailure, classify_insert_error, short_reason
-from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"

@@ -22,8 +22,8 @@ import orjson
 import pybase64
 
 from dsec.schemas import DecodeError, MetricBatch, decode
+from dsec.schemas.frames import FIELD_DTYPES, Frame, batch_frames
 from dsec.schemas.metrics import MAX_SAMPLES_PER_BATCH, SAMPLE_MODELS
-from dsec.stream_jobs.frames import FIELD_DTYPES, Frame, batch_frames
 
 
 @dataclass(frozen=True)

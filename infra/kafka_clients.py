@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer
 
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 def producer_config(settings: DsecSettings, client_id: str, **overrides: str | int) -> dict:

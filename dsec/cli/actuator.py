@@ -20,12 +20,12 @@ def actuator_command(
     from confluent_kafka import Producer
 
     from dsec.actuators import NodeActuator, NodeActuatorConfig
-    from dsec.kafka_clients import consumer_config, producer_config
-    from dsec.observability.metrics import ProcessMetrics
-    from dsec.observability.server import serve_metrics
+    from dsec.infra.kafka_clients import consumer_config, producer_config
+    from dsec.infra.observability.metrics import ProcessMetrics
+    from dsec.infra.observability.server import serve_metrics
+    from dsec.infra.stop_signals import StopSignals
     from dsec.schemas import topic_names
-    from dsec.settings import DsecSettings
-    from dsec.stop_signals import StopSignals
+    from dsec.schemas.settings import DsecSettings
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"

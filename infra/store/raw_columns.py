@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsec.schemas import MetricBatch
-from dsec.stream_jobs.frames import FIELD_DTYPES, Frame
+from dsec.schemas.frames import FIELD_DTYPES, Frame
 
 IDENTITY_COLUMNS = ("batch_id", "job_id", "node_id", "worker_id")
 

@@ -20,20 +20,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsec.infra.clickhouse import connect, ensure_schema
+from dsec.infra.faust_app import QuietWorker, make_faust_app, watch_faust_app
+from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
-from dsec.infra.query_server import QueryServer
+from dsec.infra.observability.metrics import ProcessMetrics
+from dsec.infra.observability.server import MetricsServer, serve_metrics
+from dsec.infra.stop_signals import StopSignals
+from dsec.infra.store.clickhouse import connect, ensure_schema
+from dsec.infra.store.query_server import QueryServer
+from dsec.infra.store.sink import ClickHouseSink
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
-from dsec.kafka_clients import BULK_FETCH, consumer_config, producer_config
-from dsec.observability.metrics import ProcessMetrics
-from dsec.observability.server import MetricsServer, serve_metrics
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
-from dsec.settings import DsecSettings
-from dsec.stop_signals import StopSignals
-from dsec.stream_jobs.faust_app import QuietWorker, make_faust_app, watch_faust_app
+from dsec.schemas.settings import DsecSettings
 from dsec.stream_jobs.metrics_job import METRICS_JOB_TABLES, register_metrics_job
-from dsec.stream_jobs.sink import ClickHouseSink
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)

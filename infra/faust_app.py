@@ -15,8 +15,9 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
-from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
-from dsec.settings import DsecSettings
+from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
+from dsec.schemas import DeadLetter
+from dsec.schemas.settings import DsecSettings
 
 
 class _IdempotentProducer(aiokafka_driver.Producer):
@@ -329,3 +330,12 @@ def _flow_state(consumer: Any, tp: Any) -> str:
     except Exception as exc:  # the client's internals differ: say so and carry on
         state["client"] = f"unknown ({type(exc).__name__})"
     return " ".join(f"{key}={value}" for key, value in state.items())
+
+
+def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
+    """The dead letter for a stream event that could not be processed, with its origin."""
+    message = event.message
+    return DeadLetter.for_message(
+        topic=message.topic, partition=message.partition, offset=message.offset,
+        reason=reason, payload=message.value,
+    )

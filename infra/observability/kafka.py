@@ -7,7 +7,7 @@ import logging
 
 import orjson
 
-from dsec.observability.metrics import CONSUMER_LAG, ProcessMetrics
+from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
 
 log = logging.getLogger(__name__)
 

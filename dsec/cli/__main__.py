@@ -1,0 +1,5 @@
+import sys
+
+from dsec.cli.main import main
+
+sys.exit(main())
