@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup tools demo test bench lint up clean
+.PHONY: setup tools demo test test-fast bench lint up clean
 
 setup: $(VENV)/.installed $(VENV)/.kafka-jars
 
@@ -38,9 +38,14 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
-test: setup tools
-	$(BIN)/ruff check .
+# The unit tier alone: no broker, no services (under a minute and a half).
+test-fast: lint
+	$(BIN)/pytest tests/unit
+
+# Every tier: unit, integration (the real Kafka broker), deploy (Helm, Compose, image).
+test: lint tools
 	$(BIN)/pytest
 
 clean:

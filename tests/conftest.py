@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 def _docker_answers() -> bool:
@@ -78,7 +78,7 @@ def running_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
     import subprocess
     import sys
 
-    from dsec.infra.stack import read_stack_state
+    from dsec.services.stack import read_stack_state
 
     data_dir = tmp_path_factory.mktemp("stack")
     stack_settings = DsecSettings(

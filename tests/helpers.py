@@ -38,7 +38,7 @@ def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | Non
     import subprocess
     import sys
 
-    from dsec.infra.stack import read_stack_state
+    from dsec.services.stack import read_stack_state
 
     env = {**os.environ, "DSEC_DATA_DIR": str(data_dir), "DSEC_TOPIC_PREFIX": topic_prefix,
            "DSEC_SIGNING_KEY": "test-signing-key", **(env or {})}

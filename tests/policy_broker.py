@@ -23,7 +23,7 @@ from dsec.schemas import (
     encode,
     topic_names,
 )
-from dsec.settings import DsecSettings
+from dsec.schemas.settings import DsecSettings
 
 
 def env_for(settings: DsecSettings) -> dict[str, str]:

@@ -24,10 +24,10 @@ import yaml
 from typer.testing import CliRunner
 
 from dsec.cli import app
-from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema
-from dsec.observability import METRIC_NAMES
+from dsec.infra.observability import METRIC_NAMES
+from dsec.infra.store.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 DOCKERFILE = INFRA / "docker" / "Dockerfile"
 COMPOSE_FILE = INFRA / "compose" / "compose.yaml"

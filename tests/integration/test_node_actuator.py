@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dsec
 from dsec.actuators import NodeActuator, NodeActuatorConfig
+from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.topics import ensure_topics
-from dsec.kafka_clients import consumer_config, producer_config
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -229,7 +229,7 @@ def _start_worker(node, worker_id: str, state_path: Path) -> subprocess.Popen:
            "DSEC_RUN_DIR": str(node.settings.run_directory()), "DSEC_ACTUATOR_CHANNEL": "node",
            "DSEC_SIGNING_KEY": "test-signing-key",
            "DSEC_DATA_DIR": str(node.settings.data_dir)}
-    script = Path(__file__).with_name("node_worker.py")
+    script = Path(__file__).parents[1] / "node_worker.py"
     return subprocess.Popen([sys.executable, str(script), worker_id, str(state_path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

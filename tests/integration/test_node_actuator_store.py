@@ -13,7 +13,7 @@ from helpers import wait_for
 from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.history import query
-from dsec.kafka_clients import consumer_config, producer_config
+from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.schemas import (
     ActuationCommand,
     WorkerIdentity,

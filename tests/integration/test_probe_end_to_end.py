@@ -20,7 +20,7 @@ from dsec.infra.topics import ensure_topics
 from dsec.schemas import MetricBatch, decode, topic_names
 
 pytestmark = pytest.mark.integration
-WORKER = Path(__file__).with_name("probe_worker.py")
+WORKER = Path(__file__).parents[1] / "probe_worker.py"
 
 
 def consume_batches(bootstrap: str, topic: str, enough, timeout_s: float) -> list[MetricBatch]:
@@ -127,7 +127,7 @@ def _outage(broker, tmp_path) -> None:
     from dsec.ingest import ProbeConfig
     from dsec.runtime import WorkerRuntime
     from dsec.schemas import WorkerIdentity
-    from dsec.settings import DsecSettings
+    from dsec.schemas.settings import DsecSettings
 
     bound, per_message, queued_messages = 3_000, 500, 2
     settings = DsecSettings(bootstrap=broker.bootstrap, topic_prefix="outage",

@@ -15,13 +15,13 @@ from helpers import partitions_held, start_stack, stop_stack, wait_for
 from policy_broker import Reader
 from test_stream_pipeline import _drained, _expected_final, _final_features, _rows
 
-from dsec.infra.stack import sink_group, stream_group
-from dsec.kafka_clients import consumer_config, make_producer
+from dsec.bench.traces import GIB, TraceIdentity, slow_grad_sync
+from dsec.infra.kafka_clients import consumer_config, make_producer
+from dsec.infra.store.sink import wait_until_drained
 from dsec.schemas import ActuationCommand, FeatureEvent, encode, now_ms, topic_names
 from dsec.schemas.metrics import encode_packed
-from dsec.settings import DsecSettings
-from dsec.stream_jobs.sink import wait_until_drained
-from dsec.stream_jobs.traces import GIB, TraceIdentity, slow_grad_sync
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import sink_group, stream_group
 
 pytestmark = pytest.mark.integration
 

@@ -10,21 +10,21 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from helpers import partitions_held, start_stack, stop_stack, wait_for
 
-from dsec.history import query
-from dsec.infra.stack import SERVICES, sink_group, stream_group
-from dsec.kafka_clients import consumer_config, make_producer
-from dsec.schemas import encode, topic_names
-from dsec.settings import DsecSettings
-from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.frames import batch_frames
-from dsec.stream_jobs.replay import replay
-from dsec.stream_jobs.sink import wait_until_drained
-from dsec.stream_jobs.traces import (
+from dsec.bench.traces import (
     TraceIdentity,
     grad_norm_decay,
     leak_on_long_episodes,
     reward_variance_jump,
 )
+from dsec.history import query
+from dsec.infra.kafka_clients import consumer_config, make_producer
+from dsec.infra.replay import replay
+from dsec.infra.store.sink import wait_until_drained
+from dsec.schemas import encode, topic_names
+from dsec.schemas.frames import batch_frames
+from dsec.schemas.settings import DsecSettings
+from dsec.services.stack import SERVICES, sink_group, stream_group
+from dsec.stream_jobs import worker_features
 
 pytestmark = pytest.mark.integration
 START_MS = int(time.time() * 1000) - 3_600_000

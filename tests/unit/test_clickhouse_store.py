@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from dsec.infra.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema, store_locked
+from dsec.infra.store import rows
+from dsec.infra.store.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema, store_locked
+from dsec.infra.store.raw_columns import RawColumnsBuilder
 from dsec.schemas import (
     EpisodeSample,
     FeatureEvent,
@@ -18,10 +20,8 @@ from dsec.schemas import (
     StepSample,
     WorkerIdentity,
 )
+from dsec.schemas.frames import batch_frames
 from dsec.schemas.metrics import StepColumns
-from dsec.stream_jobs import rows
-from dsec.stream_jobs.frames import batch_frames
-from dsec.stream_jobs.raw_columns import RawColumnsBuilder
 
 IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
 
@@ -126,7 +126,7 @@ def test_connect_waits_for_the_process_holding_the_store_to_let_go(tmp_path) -> 
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time\n"
-         "from dsec.infra.clickhouse import connect\n"
+         "from dsec.infra.store.clickhouse import connect\n"
          f"client = connect({dsn!r}); client.query('SELECT 1')\n"
          "print('held', flush=True); time.sleep(2)\n"],
         stdout=subprocess.PIPE, text=True)

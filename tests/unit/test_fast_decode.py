@@ -6,16 +6,16 @@ import numpy as np
 import orjson
 import pytest
 
-from dsec.schemas import DecodeError, MetricBatch, decode, encode
-from dsec.stream_jobs.fast_decode import decode_metric_batch
-from dsec.stream_jobs.frames import batch_frames
-from dsec.stream_jobs.traces import (
+from dsec.bench.traces import (
     TraceIdentity,
     grad_norm_decay,
     leak_on_long_episodes,
     reward_variance_jump,
     training_batch,
 )
+from dsec.schemas import DecodeError, MetricBatch, decode, encode
+from dsec.schemas.fast_decode import decode_metric_batch
+from dsec.schemas.frames import batch_frames
 
 IDENTITY = {"job_id": "j", "worker_id": "w", "node_id": "n"}
 

@@ -6,22 +6,14 @@ rebalance, what was fetched and dropped is fetched again, committed offset or no
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-
-import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from mode.utils.queues import FlowControlQueue
 
-from dsec.settings import DsecSettings
-from dsec.stream_jobs.faust_app import (
+from dsec.infra.faust_app import (
     CommitStalls,
     ResumeKeepsBuffers,
     make_faust_app,
-    seek_to_committed_or_reset,
 )
+from dsec.schemas.settings import DsecSettings
 
 
 def _buffer(flow: ResumeKeepsBuffers) -> FlowControlQueue:
@@ -82,37 +74,3 @@ def test_moving_commits_paused_partitions_and_caught_up_ones_do_not_stand_still(
     assert stalls.longest(now_s=200.0) is None
 
 
-@pytest.mark.integration
-def test_the_seek_after_a_rebalance_rewinds_partitions_with_no_committed_offset(
-        kafka_bootstrap) -> None:
-    """Messages the client handed over and Faust dropped during a table recovery are read
-    again, also where the group never committed (aiokafka's own seek leaves those be)."""
-    topic = f"seek-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result()
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for index in range(5):
-        producer.produce(topic, value=b"%d" % index, partition=0)
-    assert producer.flush(30) == 0
-
-    async def positions() -> tuple[int, int, int]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=topic,
-                                    enable_auto_commit=False, auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            fetched = 0
-            while fetched < 5:  # handed over: the position is past them
-                fetched += len((await consumer.getmany(tp, timeout_ms=1000)).get(tp, []))
-            dropped_at = await consumer.position(tp)
-            await seek_to_committed_or_reset(consumer, "earliest")
-            never_committed = await consumer.position(tp)
-            await consumer.commit({tp: 3})
-            await consumer.getmany(tp, timeout_ms=1000)
-            await seek_to_committed_or_reset(consumer, "earliest")
-            return dropped_at, never_committed, await consumer.position(tp)
-        finally:
-            await consumer.stop()
-
-    assert asyncio.run(positions()) == (5, 0, 3)

@@ -3,22 +3,16 @@ broker, and webhook delivery of actuations."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer
 from starlette.testclient import TestClient
 
+from dsec.actuators.webhooks import WebhookForwarder, answer_status
+from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import PublishError
-from dsec.ingest.gateway_registry import RuntimeRegistry
-from dsec.ingest.gateway_service import build_gateway
-from dsec.ingest.gateway_webhooks import WebhookForwarder, answer_status
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -29,7 +23,6 @@ from dsec.schemas import (
     encode,
     now_ms,
     sign,
-    topic_names,
 )
 from dsec.schemas.actuations import SnapshotParams
 
@@ -180,129 +173,7 @@ def test_webhook_forwarder_delivers_checks_and_reports(tmp_path) -> None:
     assert answer_status(204, b"")[0] is ActuationStatus.APPLIED
 
 
-@pytest.mark.integration
-def test_gateway_publishes_to_the_metrics_topic_on_the_real_broker(settings) -> None:
-    service = build_gateway(settings, GatewayConfig(token=TOKEN), webhooks=False)
-    try:
-        client = TestClient(service.gateway.app())
-        assert client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH).status_code == 201
-        answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
-                             headers=AUTH)
-        assert answer.status_code == 202, answer.text
-        assert client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
-                           headers={"Authorization": "Bearer nope"}).status_code == 401
-    finally:
-        service.close()
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic_names(settings.topic_prefix).metrics])
-    batches: list[MetricBatch] = []
-    try:
-        for _ in range(60):
-            message = consumer.poll(0.5)
-            if message is not None and not message.error():
-                batches.append(decode(message.value(), MetricBatch))
-            if len(batches) == 2:
-                break
-    finally:
-        consumer.close()
-    assert [[s.kind for s in b.samples] for b in batches] == [["runtime"], ["episode", "heartbeat"]]
-    assert {b.identity.worker_id for b in batches} == {"dify-agent-7"}
 
 
-@pytest.mark.integration
-def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_path) -> None:
-    import httpx
-
-    from dsec.infra.kafka_local import free_port
-
-    port = free_port()
-    env = {**os.environ, "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
-           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dsec.cli", "ingest-gateway", "--port", str(port),
-         "--bootstrap", settings.bootstrap],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stdout.read().decode()[-3000:]
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.3)
-        refused = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION,
-                             headers={"Authorization": "Bearer nope"})
-        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
-        accepted = httpx.post(f"{base}/v1/runtimes", json=REGISTRATION, headers=AUTH)
-        assert accepted.status_code == 201, accepted.text
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
-@pytest.mark.integration
-def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    from confluent_kafka import Producer
-
-    received: list[bytes] = []
-
-    class Webhook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            body = b'{"status": "applied", "detail": "snapshot taken by the agent"}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Webhook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    registration = {**REGISTRATION, "job_id": settings.job_id,
-                    "webhook_url": f"http://127.0.0.1:{server.server_port}/dsec"}
-    service = build_gateway(settings, GatewayConfig(token=TOKEN)).start()
-    topics = topic_names(settings.topic_prefix)
-    producer = Producer({"bootstrap.servers": settings.bootstrap})
-    key = settings.signing_key_bytes()
-    try:
-        client = TestClient(service.gateway.app())
-        assert client.post("/v1/runtimes", json=registration, headers=AUTH).status_code == 201
-        sent: list[str] = []
-        deadline = time.monotonic() + 60
-        while not received and time.monotonic() < deadline:  # until the consumer has joined
-            command = _command("dify-agent-7", key, job_id=settings.job_id)
-            sent.append(command.actuation_id)
-            producer.produce(topics.actuations, key=b"agent-host-1", value=encode(command))
-            producer.flush(10)
-            time.sleep(1.0)
-        assert received, "no command reached the webhook"
-        assert decode(received[0], ActuationCommand).actuation_id in sent
-    finally:
-        service.close()
-        server.shutdown()
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topics.actuation_results])
-    results: list[ActuationResult] = []
-    try:
-        for _ in range(60):
-            message = consumer.poll(0.5)
-            if message is not None and not message.error():
-                results.append(decode(message.value(), ActuationResult))
-            if results:
-                break
-    finally:
-        consumer.close()
-    assert results and results[0].status is ActuationStatus.APPLIED
-    assert results[0].detail == "snapshot taken by the agent"

@@ -10,8 +10,8 @@ from recording import IDENTITY, RecordingTransport
 
 from dsec.actuators.grad_accumulation import GradAccumulation
 from dsec.ingest import Probe, ProbeConfig
+from dsec.schemas.frames import batch_frames
 from dsec.schemas.metrics import MICRO_STEP
-from dsec.stream_jobs.frames import batch_frames
 from dsec.stream_jobs.worker_features import FeatureConfig, _steps
 
 

@@ -95,7 +95,7 @@ def test_builtin_pack_in_dry_run_is_signed_and_shadowed() -> None:
 
 
 def test_policy_json_schema_for_editors_is_current() -> None:
-    shipped = Path(__file__).parents[1] / "policy_engine" / "policy.schema.json"
+    shipped = Path(__file__).parents[2] / "policy_engine" / "policy.schema.json"
     assert json.loads(shipped.read_text()) == PolicySpec.model_json_schema()
 
 
@@ -107,7 +107,7 @@ def test_cli_tests_a_policy_offline_against_a_trace(tmp_path: Path) -> None:
     trace_path = tmp_path / "trace.jsonl"
     events = trace({**HEALTHY, "episode_same_end_streak": 3.0}, 20, worker="7")
     trace_path.write_bytes(b"\n".join(encode(e) for e in events))
-    policy = Path(__file__).parents[1] / "policy_engine" / "builtin" / "stuck-episode.yaml"
+    policy = Path(__file__).parents[2] / "policy_engine" / "builtin" / "stuck-episode.yaml"
     result = CliRunner().invoke(app, ["policy", "test", str(policy), "--trace",
                                       str(trace_path), "--json"])
     assert result.exit_code == 0, result.output

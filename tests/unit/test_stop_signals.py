@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from dsec.stop_signals import StopSignals
+from dsec.infra.stop_signals import StopSignals
 
 
 def test_wait_returns_on_a_signal_and_times_out_without_one() -> None:
@@ -27,7 +27,7 @@ def test_a_burst_of_signals_stops_the_service_instead_of_wedging_it() -> None:
     for _ in range(5):
         service = subprocess.Popen(
             [sys.executable, "-c",
-             "from dsec.stop_signals import StopSignals\n"
+             "from dsec.infra.stop_signals import StopSignals\n"
              "stop = StopSignals()\n"
              "print('ready', flush=True)\n"
              "stop.wait()\n"],

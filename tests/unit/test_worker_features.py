@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.frames import batch_frames
-from dsec.stream_jobs.traces import (
+from dsec.bench.traces import (
     TraceIdentity,
     grad_norm_decay,
     leak_on_long_episodes,
     reward_variance_jump,
 )
+from dsec.schemas.frames import batch_frames
+from dsec.stream_jobs import worker_features
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 CONFIG = FeatureConfig()
