@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 from confluent_kafka import Producer
+from feature_values import HEALTHY
 from helpers import start_stack, stop_stack, wait_for
 from policy_broker import trace
 from prometheus_client.parser import text_string_to_metric_families
-from test_policy_engine import HEALTHY
 
 from dsec.actuators.channel import Answer, Apply, Register, encode_frame, read_frame, socket_path
 from dsec.bench.traces import TraceIdentity, slow_grad_sync

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from feature_values import GIB, HEALTHY
 from policy_broker import EngineProcess, Rig, env_for, trace
-from test_policy_engine import GIB, HEALTHY
 
 from dsec.infra.topics import ensure_topics
 from dsec.schemas import PolicySpec, encode, now_ms, sign
