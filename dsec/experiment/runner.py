@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from dsec.experiment.assignment import Assignment
 from dsec.experiment.faults import Scenario, fault_schedule
 from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
-from dsec.experiment.worker import Assignment
 
 ARMS = ("baseline", "dsec")
 SPARES_PER_ARM = 2

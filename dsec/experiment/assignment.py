@@ -1,0 +1,42 @@
+"""What the supervisor hands an experiment worker, and the timeline the worker writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Assignment:
+    arm: str  # "baseline" | "dsec"
+    slot: int
+    group: int
+    rank: int
+    group_size: int
+    node_id: str
+    store_port: int
+    run_dir: str
+    scenario_file: str  # JSON: {"scenario": ..., "schedule": [...]}
+    t0: float  # epoch seconds of the run's start (fault times are relative to it)
+    end_at: float  # epoch seconds
+    seed: int
+    incarnation: int
+    job_id: str
+
+    @property
+    def arm_dir(self) -> Path:
+        return Path(self.run_dir) / self.arm
+
+
+class Timeline:
+    """The worker's JSONL timeline: updates, episodes, actions applied, resumes, its death."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("a", buffering=1)
+
+    def write(self, event: str, **fields: Any) -> None:
+        self._handle.write(json.dumps({"e": event, "t": round(time.time(), 4), **fields}) + "\n")
