@@ -45,12 +45,17 @@ class PolicyState:
         )
 
 
+def cooldown_s(policy: PolicySpec, floor_s: float) -> float:
+    """The policy's cooldown, never under the installation's floor."""
+    return max(policy.cooldown_s, floor_s)
+
+
 def _outcome(policy: PolicySpec, kind: DecisionKind) -> DecisionKind:
     return DecisionKind.DRY_RUN if policy.dry_run else kind
 
 
 def _idle(
-    policy: PolicySpec, state: PolicyState, holds: bool, now_ms: int
+    policy: PolicySpec, state: PolicyState, holds: bool, now_ms: int, cooldown_floor_s: float,
 ) -> tuple[PolicyState, DecisionKind | None]:
     if not holds:
         return replace(state, pending_since_ms=None, suppressed_audited=False), None
@@ -60,7 +65,7 @@ def _idle(
         return state, None
     cooling = (
         state.last_fired_ms is not None
-        and now_ms - state.last_fired_ms < policy.cooldown_s * 1000
+        and now_ms - state.last_fired_ms < cooldown_s(policy, cooldown_floor_s) * 1000
     )
     if cooling:
         if state.suppressed_audited:
@@ -108,15 +113,17 @@ def decide(
     now_ms: int,
     exit_holds: bool | None = None,
     climb_holds: bool = True,
+    cooldown_floor_s: float = 0.0,
 ) -> tuple[PolicyState, DecisionKind | None]:
     """What the engine does now; ``None`` means nothing worth an audit record.
 
     The stage moves by at most one per call: ``new.stage`` above the old one applies that
     stage's actions, below it undoes the old stage's. ``exit_holds`` defaults to the
     condition not holding; ``climb_holds`` is the next stage's own condition, if it has one.
+    The cooldown is the policy's ``cooldown_s``, or ``cooldown_floor_s`` when that is longer.
     """
     if exit_holds is None:
         exit_holds = not condition_holds
     if policy.one_shot or state.stage == 0:
-        return _idle(policy, state, condition_holds and climb_holds, now_ms)
+        return _idle(policy, state, condition_holds and climb_holds, now_ms, cooldown_floor_s)
     return _active(policy, state, condition_holds, exit_holds, climb_holds, now_ms)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import TypeAdapter
 
-from dsec.policy_engine.decide import PolicyState, decide
+from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
+from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
 from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecision, sign
 from dsec.schemas.actuations import ActionParams
@@ -96,6 +97,8 @@ class Engine:
         self.knobs = knobs
         self._signing_key = signing_key
         self._reported: set[tuple[str, int]] = set()
+        self.limits = registry.limits
+        self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
 
     def evaluate(self, events: Sequence[FeatureEvent]) -> EngineOutput:
         out = EngineOutput()
@@ -109,6 +112,7 @@ class Engine:
             for name in names
         }
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
+        self._budget.forget_before(max(e.event_time_ms for e in events))
         for policy in policies:
             try:
                 self._evaluate_policy(policy, events, targets, columns, out)
@@ -171,7 +175,8 @@ class Engine:
             condition = climb[next_stage] if climb else None
             climb_holds = condition[row] if condition is not None else True
             new, kind = decide(spec, old, bool(enter[row]), event.event_time_ms,
-                               exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds))
+                               exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds),
+                               cooldown_floor_s=self.limits.cooldown_floor_s)
             if new != old:
                 if new == _IDLE:
                     states.pop(key, None)
@@ -200,8 +205,9 @@ class Engine:
             ))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
+            cooldown_ms = int(cooldown_s(spec, self.limits.cooldown_floor_s) * 1000)
             audit(kind, new.stage, f"cooling down until "
-                  f"{(old.last_fired_ms or 0) + int(spec.cooldown_s * 1000)}; {detail}")
+                  f"{(old.last_fired_ms or 0) + cooldown_ms}; {detail}")
             return
         if spec.tune is not None:
             self._tune(spec, kind, audit, detail, out)
@@ -235,6 +241,11 @@ class Engine:
                 audit(DecisionKind.SUPPRESSED_PRIORITY, new.stage, f"{grant}; {detail}")
                 continue
             owner, action, how = grant
+            if not self._within_budget(event):
+                audit(DecisionKind.SUPPRESSED_RATE_LIMIT, new.stage,
+                      f"{said} stage {stage}: {action.kind} not sent, {self._over_budget}; "
+                      f"{detail}")
+                continue
             command = sign(ActuationCommand(
                 actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                           event.identity.worker_id, spec.name, stage, said,
@@ -251,6 +262,15 @@ class Engine:
             out.commands.append(command)
             audit(kind, new.stage, f"{said} stage {stage}: {action.kind}{how}; {detail}",
                   command.actuation_id)
+
+    def _within_budget(self, event: FeatureEvent) -> bool:
+        worker = f"{event.identity.job_id}|{event.identity.worker_id}"
+        return self._budget.admit(worker, event.event_time_ms)
+
+    @property
+    def _over_budget(self) -> str:
+        return (f"the worker had {self._budget.per_min} commands in the last 60 s "
+                "(commands_per_worker_per_min)")
 
     # Knob arbitration. Per (target, knob) the table keeps every policy's claim and which
     # one is in effect: the highest priority (a tie keeps the one in effect). A claim
@@ -343,6 +363,14 @@ class Engine:
                 if owner is None:
                     continue
                 action = _ACTION.validate_python(entry["claims"][top]["action"])
+                if not self._within_budget(event):
+                    out.decisions.append(PolicyDecision(
+                        event_time_ms=event.event_time_ms, policy_name=owner.name,
+                        policy_version=owner.version, identity=event.identity,
+                        decision=DecisionKind.SUPPRESSED_RATE_LIMIT,
+                        detail=f"resume {kind} not sent, {self._over_budget}",
+                    ))
+                    continue
                 command = sign(ActuationCommand(
                     actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                               event.identity.worker_id, "resume", kind,

@@ -1,4 +1,4 @@
-"""The compacted policies topic as a log of record: read it whole, publish, tombstone."""
+"""The compacted policies topic as a log of record: read it whole, publish, delete."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from dsec.infra.kafka_clients import make_consumer, make_producer
-from dsec.schemas import PolicySpec, encode, topic_names
+from dsec.policy_engine.registry import PolicyRejected, parse_record
+from dsec.schemas import PolicyDeletion, PolicySpec, SignatureError, encode, topic_names, verify
 from dsec.schemas.settings import DsecSettings
 
 
@@ -55,16 +56,21 @@ def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
         consumer.close()
 
 
-def latest_by_name(records: list[PolicyRecord]) -> dict[str, PolicyRecord]:
-    """What compaction will leave: the last record of each key (tombstones dropped)."""
-    latest: dict[str, PolicyRecord] = {}
+def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | None:
+    """The highest version of ``name`` a record signed with ``key`` published or deleted;
+    a newer one is what the engine will run."""
+    versions = []
     for record in records:
-        name = (record.key or b"").decode("utf-8", "replace")
-        if record.value is None:
-            latest.pop(name, None)
-        else:
-            latest[name] = record
-    return latest
+        if record.value is None or (record.key or b"").decode("utf-8", "replace") != name:
+            continue
+        try:
+            parsed = parse_record(record.value)
+            verify(parsed, key)
+        except (PolicyRejected, SignatureError):
+            continue
+        versions.append(parsed.up_to_version if isinstance(parsed, PolicyDeletion)
+                        else parsed.version)
+    return max(versions, default=None)
 
 
 def _produce(settings: DsecSettings, key: bytes, value: bytes | None, timeout_s: float) -> None:
@@ -85,5 +91,7 @@ def publish_policy(settings: DsecSettings, signed: PolicySpec, timeout_s: float 
     _produce(settings, signed.name.encode(), encode(signed), timeout_s)
 
 
-def delete_policy(settings: DsecSettings, name: str, timeout_s: float = 30.0) -> None:
-    _produce(settings, name.encode(), None, timeout_s)
+def delete_policy(
+    settings: DsecSettings, signed: PolicyDeletion, timeout_s: float = 30.0
+) -> None:
+    _produce(settings, signed.deletes.encode(), encode(signed), timeout_s)

@@ -1,8 +1,9 @@
 """The policies the engine runs: checked, signature-verified, compiled, versioned.
 
 Policies arrive from the built-in pack and from the compacted policies topic. A policy
-that does not parse, is unsigned or tampered with, or whose conditions do not compile is
-rejected with a reason fit for the audit log; the ones already running carry on.
+that does not parse, is unsigned or tampered with, or whose conditions are out of bounds
+or do not compile is rejected with a reason fit for the audit log, whatever the failure;
+the ones already running carry on. Only a signed deletion record deletes a policy.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 import yaml
 from pydantic import ValidationError
 
+from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
+from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.vectorised import VectorCondition
-from dsec.schemas import PolicyDecision, PolicySpec, SignatureError, verify
+from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, verify
 from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
 from dsec.schemas.policies import DecisionKind
@@ -32,20 +35,37 @@ class PolicyRejected(ValueError):
         self.reason = reason
 
 
-def parse_policy(text: str | bytes) -> PolicySpec:
-    """A policy from YAML or JSON text (JSON is YAML); never evaluates anything in it."""
+def _document(text: str | bytes) -> dict:
     if len(text) > MAX_POLICY_BYTES:
         raise PolicyRejected(f"policy larger than {MAX_POLICY_BYTES} bytes")
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyRejected(f"not YAML or JSON: {exc}") from None
+    except Exception as exc:  # e.g. nesting too deep for the composer
+        raise PolicyRejected(f"not YAML or JSON: {type(exc).__name__}") from None
     if not isinstance(document, dict):
         raise PolicyRejected("a policy is a mapping")
+    return document
+
+
+def _validated(model: type[PolicySpec] | type[PolicyDeletion], document: dict):
     try:
-        return PolicySpec.model_validate(document)
+        return model.model_validate(document)
     except ValidationError as exc:
-        raise PolicyRejected(f"invalid policy: {describe(exc)}") from None
+        what = "policy" if model is PolicySpec else "policy deletion"
+        raise PolicyRejected(f"invalid {what}: {describe(exc)}") from None
+
+
+def parse_policy(text: str | bytes) -> PolicySpec:
+    """A policy from YAML or JSON text (JSON is YAML); never evaluates anything in it."""
+    return _validated(PolicySpec, _document(text))
+
+
+def parse_record(text: str | bytes) -> PolicySpec | PolicyDeletion:
+    """A record of the policies topic: a policy, or a deletion (a mapping with ``deletes``)."""
+    document = _document(text)
+    return _validated(PolicyDeletion if "deletes" in document else PolicySpec, document)
 
 
 @dataclass(frozen=True)
@@ -62,11 +82,20 @@ class CompiledPolicy:
         return names - self.spec.params.keys()
 
 
-def compile_policy(spec: PolicySpec) -> CompiledPolicy:
-    shadowed = sorted(spec.params.keys() & (WORKER_FEATURES.keys() | FLEET_FEATURES.keys()))
+def compile_policy(spec: PolicySpec, limits: ConditionLimits | None = None) -> CompiledPolicy:
+    """Checks every condition against ``limits``, the feature catalogue and the policy
+    function set, then compiles it; ``PolicyRejected`` whatever goes wrong."""
+    catalogue = WORKER_FEATURES.keys() | FLEET_FEATURES.keys()
+    shadowed = sorted(spec.params.keys() & catalogue)
     if shadowed:
         raise PolicyRejected(f"parameters shadow features: {', '.join(shadowed)}")
+    limits = limits or PolicyLimits().condition
+    conditions = [spec.condition, spec.exit_condition,
+                  *(stage.condition for stage in spec.effective_stages())]
     try:
+        for condition in conditions:
+            if condition:
+                check_condition(condition, limits, catalogue | spec.params.keys())
         return CompiledPolicy(
             spec=spec,
             enter=VectorCondition(spec.condition),
@@ -78,6 +107,8 @@ def compile_policy(spec: PolicySpec) -> CompiledPolicy:
         )
     except ConditionError as exc:
         raise PolicyRejected(str(exc)) from None
+    except Exception as exc:  # a compiler's own failure refuses the policy, not the service
+        raise PolicyRejected(f"does not compile: {type(exc).__name__}: {exc}") from None
 
 
 def _audit_name(name: str) -> str:
@@ -87,10 +118,12 @@ def _audit_name(name: str) -> str:
 class PolicyRegistry:
     """Name → the running version, plus every version seen (for ``dsec policy list``)."""
 
-    def __init__(self, signing_key: bytes) -> None:
+    def __init__(self, signing_key: bytes, limits: PolicyLimits | None = None) -> None:
         self._signing_key = signing_key
+        self.limits = limits or PolicyLimits()
         self._active: dict[str, CompiledPolicy] = {}
         self._versions: dict[str, dict[int, PolicySpec]] = {}
+        self._deleted_up_to: dict[str, int] = {}
         self.generation = 0
 
     def active(self) -> list[CompiledPolicy]:
@@ -107,9 +140,19 @@ class PolicyRegistry:
     def install(self, spec: PolicySpec) -> PolicyDecision | None:
         """Verify and run ``spec``; ``None`` when it is the version already running."""
         try:
+            return self._install(spec)
+        except Exception as exc:  # no policy can stop the registry
+            return self._rejected(spec.name, spec.version, f"{type(exc).__name__}: {exc}")
+
+    def _install(self, spec: PolicySpec) -> PolicyDecision | None:
+        try:
             verify(spec, self._signing_key)
         except SignatureError as exc:
             return self._rejected(spec.name, spec.version, f"signature: {exc}")
+        deleted = self._deleted_up_to.get(spec.name)
+        if deleted is not None and spec.version <= deleted:
+            return self._rejected(spec.name, spec.version,
+                                  f"deleted up to v{deleted}; publish a later version")
         current = self._active.get(spec.name)
         if current is not None:
             if spec.version == current.spec.version and spec == current.spec:
@@ -120,7 +163,7 @@ class PolicyRegistry:
                     f"version {spec.version} is not newer than {current.spec.version}",
                 )
         try:
-            compiled = compile_policy(spec)
+            compiled = compile_policy(spec, self.limits.condition)
         except PolicyRejected as exc:
             return self._rejected(spec.name, spec.version, exc.reason)
         self._active[spec.name] = compiled
@@ -135,24 +178,54 @@ class PolicyRegistry:
         )
 
     def offer(self, key: bytes | None, value: bytes | None) -> PolicyDecision | None:
-        """One record of the policies topic: a policy, or a tombstone that deletes one."""
+        """One record of the policies topic: a policy, or a signed deletion of one."""
         name = (key or b"").decode("utf-8", "replace")
+        try:
+            return self._offer(name, value)
+        except Exception as exc:  # no record can stop the registry
+            return self._rejected(name, 0, f"{type(exc).__name__}: {exc}")
+
+    def _offer(self, name: str, value: bytes | None) -> PolicyDecision | None:
         if value is None:
-            removed = self._active.pop(name, None)
-            if removed is None:
-                return None
-            self.generation += 1
-            return PolicyDecision(
-                policy_name=_audit_name(name), policy_version=removed.spec.version,
-                decision=DecisionKind.POLICY_DELETED, detail="tombstone on the policies topic",
+            running = self._active.get(name)
+            return self._rejected(
+                name, running.spec.version if running else 0,
+                "unsigned tombstone: deletes nothing (dsec policy delete writes a signed "
+                "deletion)",
             )
         try:
-            spec = parse_policy(value)
+            record = parse_record(value)
         except PolicyRejected as exc:
             return self._rejected(name, 0, exc.reason)
-        if spec.name != name:
-            return self._rejected(name, spec.version, f"keyed {name!r} but named {spec.name!r}")
-        return self.install(spec)
+        if isinstance(record, PolicyDeletion):
+            if record.deletes != name:
+                return self._rejected(name, record.up_to_version,
+                                      f"keyed {name!r} but deletes {record.deletes!r}")
+            return self.delete(record)
+        if record.name != name:
+            return self._rejected(name, record.version,
+                                  f"keyed {name!r} but named {record.name!r}")
+        return self.install(record)
+
+    def delete(self, deletion: PolicyDeletion) -> PolicyDecision | None:
+        """Verify ``deletion`` and stop the policy it names, if the version running is one it
+        covers; ``None`` when there is nothing it covers to stop."""
+        name, up_to = deletion.deletes, deletion.up_to_version
+        try:
+            verify(deletion, self._signing_key)
+        except SignatureError as exc:
+            return self._rejected(name, up_to, f"deletion signature: {exc}")
+        self._deleted_up_to[name] = max(self._deleted_up_to.get(name, 0), up_to)
+        running = self._active.get(name)
+        if running is None or running.spec.version > up_to:
+            return None
+        del self._active[name]
+        self.generation += 1
+        return PolicyDecision(
+            policy_name=_audit_name(name), policy_version=running.spec.version,
+            decision=DecisionKind.POLICY_DELETED,
+            detail=f"signed deletion up to v{up_to} on the policies topic",
+        )
 
     @staticmethod
     def _rejected(name: str, version: int, reason: str) -> PolicyDecision:

@@ -16,6 +16,7 @@ from dsec.policy_engine.agent import (
     register_policy_engine,
 )
 from dsec.policy_engine.builtin import load_builtin_policies
+from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.policy_log import read_policy_log
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import PolicyDecision, topic_names
@@ -26,7 +27,7 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
     """The registry, what loading it decided (for the audit log), and the policies-topic
     offset the engine's agent takes over from."""
     key = settings.signing_key_bytes()
-    registry = PolicyRegistry(key)
+    registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
     decisions: list[PolicyDecision] = []
     for policy in load_builtin_policies(key, settings.policy_params,
                                         dry_run=settings.policy_dry_run):

@@ -27,7 +27,7 @@ from dsec.schemas.metrics import (
     RuntimeSample,
     StepSample,
 )
-from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
+from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicyDeletion, PolicySpec
 from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
@@ -55,6 +55,7 @@ __all__ = [
     "MetricSample",
     "PolicyAction",
     "PolicyDecision",
+    "PolicyDeletion",
     "PolicySpec",
     "RecoverySample",
     "RuntimeMetricsPost",

@@ -181,12 +181,24 @@ class PolicySpec(Model):
             resolved.append(action)
         return resolved
 
+class PolicyDeletion(Event):
+    """A signed request to stop running policy ``deletes`` up to ``up_to_version``: what
+    ``dsec policy delete`` writes to the policies topic, keyed by the policy's name. A bare
+    tombstone carries no signature and deletes nothing; a version published after the
+    deletion runs, and a replayed deletion does not remove it."""
+
+    deletes: Identifier
+    up_to_version: Annotated[int, Field(ge=0)]
+    signature: Annotated[str, Field(max_length=256)] | None = None
+
+
 class DecisionKind(StrEnum):
     FIRED = "fired"
     STAGED_UP = "staged_up"
     STAGED_DOWN = "staged_down"
     SUPPRESSED_COOLDOWN = "suppressed_cooldown"
     SUPPRESSED_PRIORITY = "suppressed_priority"
+    SUPPRESSED_RATE_LIMIT = "suppressed_rate_limit"
     DRY_RUN = "dry_run"
     POLICY_ACCEPTED = "policy_accepted"
     POLICY_DELETED = "policy_deleted"

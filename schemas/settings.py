@@ -48,6 +48,16 @@ class DsecSettings(BaseSettings):
     # Run every built-in policy in dry run (shadow mode): decisions are audited, nothing
     # is commanded (DSEC_POLICY_DRY_RUN=1).
     policy_dry_run: bool = False
+    # Bounds on every policy, checked at publish and at load: a condition nested deeper or
+    # costing more operations (operators, calls and operands) per target is rejected.
+    policy_condition_max_depth: int = Field(default=24, ge=1, le=64)
+    policy_condition_max_cost: int = Field(default=256, ge=1, le=4096)
+    # No policy fires again sooner than this after it fired for a target, whatever its
+    # own cooldown_s says.
+    policy_cooldown_floor_s: float = Field(default=10.0, ge=0, le=86400)
+    # Commands the engine sends one worker in any 60 s of event time; one beyond the cap
+    # is not sent, and is audited as suppressed_rate_limit.
+    commands_per_worker_per_min: int = Field(default=30, ge=1, le=10000)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
 

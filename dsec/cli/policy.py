@@ -17,12 +17,16 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def _load(path: Path):
+def _load(path: Path, settings: DsecSettings | None = None):
+    """The policy in ``path``, checked as the engine will check it at load (schema, CEL
+    bounds, feature catalogue, function set); exits 2 with the reason when it would not run."""
+    from dsec.policy_engine.limits import PolicyLimits
     from dsec.policy_engine.registry import PolicyRejected, compile_policy, parse_policy
 
+    limits = PolicyLimits.from_settings(settings or DsecSettings())
     try:
         spec = parse_policy(path.read_bytes())
-        compile_policy(spec)
+        compile_policy(spec, limits.condition)
     except PolicyRejected as exc:
         err_console.print(f"[red]{path}: rejected:[/red] {exc.reason}")
         raise typer.Exit(2) from None
@@ -55,31 +59,43 @@ def publish(
                                              "one on the topic.")] = False,
 ) -> None:
     """Validate FILE, sign it with the configured key and publish it, keyed by its name."""
-    from dsec.policy_engine.policy_log import latest_by_name, publish_policy, read_policy_log
-    from dsec.schemas import PolicySpec, sign
+    from dsec.policy_engine.policy_log import publish_policy, read_policy_log, topic_version
+    from dsec.schemas import sign
 
     settings = DsecSettings()
-    spec = _load(file)
-    latest = latest_by_name(read_policy_log(settings)[0]).get(spec.name)
-    if latest is not None:
-        running = PolicySpec.model_validate_json(latest.value).version
+    spec = _load(file, settings)
+    key = settings.signing_key_bytes()
+    running = topic_version(read_policy_log(settings)[0], spec.name, key)
+    if running is not None:
         if bump:
             spec = spec.model_copy(update={"version": max(spec.version, running + 1)})
         elif spec.version <= running:
             err_console.print(f"[red]{spec.name} v{running} is on the topic; publish a higher "
                               "version (or --bump)[/red]")
             raise typer.Exit(1)
-    publish_policy(settings, sign(spec, settings.signing_key_bytes()))
+    publish_policy(settings, sign(spec, key))
     console.print(f"published {spec.name} v{spec.version}")
 
 
 @policy_app.command("delete")
 def delete(name: str) -> None:
-    """Delete policy NAME: a tombstone on the compacted policies topic."""
-    from dsec.policy_engine.policy_log import delete_policy
+    """Delete policy NAME (built-in or published): a signed deletion of every version up
+    to the latest, keyed by NAME on the compacted policies topic."""
+    from dsec.policy_engine.builtin import load_builtin_policies
+    from dsec.policy_engine.policy_log import delete_policy, read_policy_log, topic_version
+    from dsec.schemas import PolicyDeletion, sign
 
-    delete_policy(DsecSettings(), name)
-    console.print(f"deleted {name}")
+    settings = DsecSettings()
+    key = settings.signing_key_bytes()
+    versions = [p.version for p in load_builtin_policies() if p.name == name]
+    published = topic_version(read_policy_log(settings)[0], name, key)
+    if published is not None:
+        versions.append(published)
+    if not versions:
+        err_console.print(f"[red]no policy {name} on the topic or in the built-in pack[/red]")
+        raise typer.Exit(1)
+    delete_policy(settings, sign(PolicyDeletion(deletes=name, up_to_version=max(versions)), key))
+    console.print(f"deleted {name} up to v{max(versions)}")
 
 
 @policy_app.command("list")
@@ -88,12 +104,13 @@ def list_policies(
 ) -> None:
     """The policies the engine would run: the built-in pack and the policies topic."""
     from dsec.policy_engine.builtin import load_builtin_policies
+    from dsec.policy_engine.limits import PolicyLimits
     from dsec.policy_engine.policy_log import read_policy_log
     from dsec.policy_engine.registry import PolicyRegistry
 
     settings = DsecSettings()
     key = settings.signing_key_bytes()
-    registry = PolicyRegistry(key)
+    registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
     builtin = {p.name for p in load_builtin_policies()}
     for policy in load_builtin_policies(key, settings.policy_params,
                                         dry_run=settings.policy_dry_run):

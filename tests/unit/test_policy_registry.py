@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected, parse_policy
-from dsec.schemas import PolicySpec, encode, sign
+from dsec.schemas import PolicyDeletion, PolicySpec, encode, sign
 from dsec.schemas.policies import DecisionKind
 
 KEY = b"registry-test-key"
@@ -47,7 +47,7 @@ def test_versions_only_move_forward_and_replays_are_quiet() -> None:
     assert registry.versions("p") == [2, 3] and registry.get("p").priority == 7
 
 
-def test_topic_records_malformed_misnamed_and_tombstones() -> None:
+def test_topic_records_malformed_misnamed_and_deletions() -> None:
     registry = PolicyRegistry(KEY)
     assert registry.offer(b"x", b'{"name": ').decision is DecisionKind.POLICY_REJECTED
     misnamed = registry.offer(b"q", encode(sign(_spec(), KEY)))
@@ -56,8 +56,9 @@ def test_topic_records_malformed_misnamed_and_tombstones() -> None:
     assert registry.offer(b"p", encode(bad_cel)).decision is DecisionKind.POLICY_REJECTED
     assert registry.offer(b"p", encode(sign(_spec(), KEY))).decision is (
         DecisionKind.POLICY_ACCEPTED)
-    assert registry.offer(b"p", None).decision is DecisionKind.POLICY_DELETED
-    assert registry.get("p") is None and registry.offer(b"p", None) is None
+    deletion = encode(sign(PolicyDeletion(deletes="p", up_to_version=1), KEY))
+    assert registry.offer(b"p", deletion).decision is DecisionKind.POLICY_DELETED
+    assert registry.get("p") is None and registry.offer(b"p", deletion) is None
 
 
 def test_every_action_parameter_is_bounded() -> None:
