@@ -48,6 +48,9 @@ class DsecSettings(BaseSettings):
     # Run every built-in policy in dry run (shadow mode): decisions are audited, nothing
     # is commanded (DSEC_POLICY_DRY_RUN=1).
     policy_dry_run: bool = False
+    # How long the broker waits for a silent Faust worker (a killed process) before it
+    # hands that worker's partitions to the others; within the broker's group bounds.
+    stream_session_timeout_s: float = Field(default=60.0, ge=6.0, le=300.0)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
 
