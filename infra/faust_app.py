@@ -1,23 +1,90 @@
 """A Faust app whose producer is idempotent with ``acks=all``, whatever the processing guarantee,
-and whose consumer does not lose what it fetched during a table recovery."""
+and whose consumer does not lose what it fetched during a table recovery.
+
+The one module that touches Faust, mode and aiokafka internals: the stream jobs take the
+Faust types they use from here, and ``check_faust_internals`` (run by ``make_faust_app``)
+fails at start-up, naming the installed version, when an internal relied on is gone."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.metadata
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalStateError
+from faust import App, Table
+from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP, EventT, StreamT, TopicT
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
 from dsec.schemas import DeadLetter
 from dsec.schemas.settings import DsecSettings
+
+__all__ = [
+    "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
+    "QuietWorker", "StreamT", "Table", "TopicT", "check_faust_internals", "committed_offsets",
+    "dead_letter_for", "fetch_topic_metadata", "make_faust_app", "publish",
+    "seek_to_committed_or_reset", "watch_faust_app",
+]
+
+
+class FaustInternalsChanged(RuntimeError):
+    """An internal of Faust, mode or aiokafka that dsec overrides or reads is gone from the
+    installed version: ``distribution`` ``version`` lacks ``owner``.``attribute``."""
+
+    def __init__(self, distribution: str, version: str, owner: str, attribute: str) -> None:
+        super().__init__(
+            f"{distribution} {version} has no {owner}.{attribute}, which dsec's Faust app "
+            f"overrides or reads; install the version pinned in dsec's pyproject.toml")
+        self.distribution = distribution
+        self.version = version
+        self.owner = owner
+        self.attribute = attribute
+
+
+# (distribution, class, attributes): what this module overrides, calls or reads. Attributes
+# only a log line reads for diagnostics are not here: their absence is logged, not fatal.
+_INTERNALS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
+    ("faust-streaming", aiokafka_driver.Producer, ("_settings_extra", "_ensure_producer")),
+    ("faust-streaming", aiokafka_driver.AIOKafkaConsumerThread,
+     ("getmany", "seek_to_committed", "_ensure_consumer", "call_thread")),
+    ("faust-streaming", aiokafka_driver.Consumer, ("_new_consumer_thread", "_thread")),
+    ("faust-streaming", aiokafka_driver.Transport, ("Consumer", "Producer")),
+    ("faust-streaming", faust_consumer.Consumer,
+     ("_committed_offset", "_paused_partitions", "highwater", "assignment")),
+    ("faust-streaming", faust.App, ("flow_control", "_new_transport", "_new_producer_transport")),
+    ("faust-streaming", faust.Worker, ("on_setup_root_logger",)),
+    ("mode-streaming", FlowControlEvent, ("resume", "is_active")),
+    ("aiokafka", AIOKafkaConsumer,
+     ("committed", "seek_to_committed", "seek_to_end", "seek_to_beginning")),
+    ("aiokafka", AIOKafkaProducer, ("partitions_for",)),
+)
+
+
+def _declares(owner: type, attribute: str) -> bool:
+    """On the class, or annotated on it or a base (attributes set per instance)."""
+    return hasattr(owner, attribute) or any(
+        attribute in vars(klass).get("__annotations__", {}) for klass in owner.__mro__)
+
+
+def check_faust_internals() -> None:
+    """Raises ``FaustInternalsChanged`` for the first internal relied on that the installed
+    Faust, mode or aiokafka no longer has."""
+    for distribution, owner, attributes in _INTERNALS:
+        for attribute in attributes:
+            if not _declares(owner, attribute):
+                raise FaustInternalsChanged(
+                    distribution, importlib.metadata.version(distribution),
+                    f"{owner.__module__}.{owner.__qualname__}", attribute)
 
 
 class _IdempotentProducer(aiokafka_driver.Producer):
@@ -138,6 +205,7 @@ def _credentials(settings: DsecSettings) -> faust.types.auth.CredentialsT | None
 
 
 def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> DsecFaustApp:
+    check_faust_internals()
     return DsecFaustApp(
         app_id,
         datadir=str(settings.data_dir.resolve() / "faust"),
@@ -152,6 +220,7 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
         producer_acks=-1,
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.stream_session_timeout_s,
         table_cleanup_interval=30.0,
         # Probe messages carry ~1000 samples (~60 kB): fetch many per partition per round.
         consumer_max_fetch_size=16 * 1024 * 1024,
@@ -164,8 +233,47 @@ def make_faust_app(app_id: str, settings: DsecSettings, partitions: int) -> Dsec
     )
 
 
+async def publish(app: App, topic: str, key: bytes, value: bytes) -> asyncio.Future:
+    """Hands a message to the app's producer; the future resolves once the broker has it.
+
+    Straight to the producer rather than through ``Topic.send``: Faust's producer lookup
+    there yields to the event loop three times per message, and each turn lets the producer
+    send a request for the one or two messages queued so far."""
+    return await app.producer.send(topic, key, value, partition=None, timestamp=None,
+                                   headers=None)
+
+
+async def fetch_topic_metadata(app: App, topic: str) -> None:
+    """Has the app's producer fetch ``topic``'s metadata. A table with ``use_partitioner``
+    chooses each changelog partition with the producer's partitioner, synchronously, which
+    needs that metadata: fetch it before the table's first write."""
+    producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+    await producer.partitions_for(topic)
+
+
+async def committed_offsets(consumer: Any, tps: Iterable[TP],
+                            timeout_s: float = 2.0) -> dict[TP, int | None]:
+    """The group's committed offset of each partition (None: nothing committed), from the
+    Kafka client's ``committed`` on the consumer's thread; where the client does not answer
+    within ``timeout_s``, what the Faust consumer last committed itself."""
+    tps = list(tps)
+    try:
+        thread = consumer._thread
+        client = thread._ensure_consumer()
+        offsets = await thread.call_thread(_committed_within, client, tps, timeout_s)
+    except Exception:  # no client yet, a rebalance, a slow coordinator
+        bookkeeping = consumer._committed_offset
+        return {tp: bookkeeping.get(tp) for tp in tps}
+    return dict(zip(tps, offsets, strict=True))
+
+
+async def _committed_within(client: Any, tps: list[TP], timeout_s: float) -> list[int | None]:
+    return await asyncio.wait_for(asyncio.gather(
+        *(client.committed(TopicPartition(tp.topic, tp.partition)) for tp in tps)), timeout_s)
+
+
 def watch_faust_app(
-    app: faust.App,
+    app: App,
     metrics: ProcessMetrics,
     services_by_topic: Mapping[str, str],
     lag_interval_s: float = 5.0,
@@ -182,15 +290,14 @@ def watch_faust_app(
     reported: set[tuple[str, str, str]] = set()
     stalls = CommitStalls(log_every_s=silent_after_s)
 
-    def refresh_lag() -> None:
+    async def refresh_lag() -> None:
         consumer = app.consumer
-        committed = getattr(consumer, "_committed_offset", {})
+        watched = [tp for tp in consumer.assignment() if tp.topic in services_by_topic]
+        committed = await committed_offsets(consumer, watched)
         current: dict[tuple[str, str, str], int] = {}
         observed: set[tuple[str, int]] = set()
-        for tp in consumer.assignment():
-            service = services_by_topic.get(tp.topic)
-            if service is None:
-                continue
+        for tp in watched:
+            service = services_by_topic[tp.topic]
             end = consumer.highwater(tp)
             if end is None:
                 continue
@@ -213,7 +320,7 @@ def watch_faust_app(
         if now - ticks.get("lag", 0.0) >= lag_interval_s:
             ticks["lag"] = now
             try:
-                refresh_lag()
+                await refresh_lag()
             except Exception:  # telemetry must not stop the worker
                 logging.getLogger(__name__).exception("consumer lag not measured")
 
@@ -320,7 +427,6 @@ def _flow_state(consumer: Any, tp: Any) -> str:
     }
     try:
         client = consumer._thread._ensure_consumer()
-        from aiokafka import TopicPartition
         tp_state = client._fetcher._subscriptions.subscription.assignment.state_value(
             TopicPartition(tp.topic, tp.partition))
         state["client"] = (None if tp_state is None else
@@ -332,7 +438,7 @@ def _flow_state(consumer: Any, tp: Any) -> str:
     return " ".join(f"{key}={value}" for key, value in state.items())
 
 
-def dead_letter_for(event: faust.EventT, reason: str) -> DeadLetter:
+def dead_letter_for(event: EventT, reason: str) -> DeadLetter:
     """The dead letter for a stream event that could not be processed, with its origin."""
     message = event.message
     return DeadLetter.for_message(

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 
-import faust
 import orjson
-from faust.streams import _current_event  # the changelog partition comes from it
 
-from dsec.infra.faust_app import dead_letter_for
+from dsec.infra.faust_app import (
+    App,
+    StreamT,
+    Table,
+    TopicT,
+    dead_letter_for,
+    fetch_topic_metadata,
+)
 from dsec.infra.observability.metrics import (
     ACTUATIONS,
     BREAKER_TRIPS,
@@ -93,70 +97,75 @@ class _EngineInstruments:
             self.recent_trips.add(trips)
 
 
-class _ChangelogTable(faust.Table):
-    def _verify_source_topic_partitions(self, source_topic: str) -> None:
-        # Right after Faust creates the changelog topic the consumer's metadata may not
-        # list it yet (0 partitions); check once it does, instead of failing the agent.
-        if not self.app.consumer.topic_partitions(self.changelog_topic_name):
-            return
-        super()._verify_source_topic_partitions(source_topic)
+def _table(app: App, name: str) -> Table:
+    # Raw keys (the worker id's bytes, as on the features topic) and the producer's
+    # partitioner: a worker's entries go to the changelog partition of its events.
+    return app.Table(name, partitions=None, key_type=bytes, value_type=bytes,
+                     use_partitioner=True)
 
 
-def _table(app: faust.App, name: str) -> faust.Table:
-    return app.tables.add(_ChangelogTable(
-        app, name=name, beacon=app.tables.beacon, partitions=None,
-        key_type=bytes, value_type=bytes,
-    ))
+def worker_of_state(key: str) -> str:
+    """The worker of a policy-state key, ``policy|job|worker``."""
+    return key.split("|", 2)[2]
 
 
-class _EventScopedTable(MutableMapping[str, dict]):
-    """A Faust table of JSON values written from a batch: each write is attributed to the
-    event of the target it concerns, so its changelog record lands in that event's
-    partition. Keys and values are bytes in the table, as they come back on recovery."""
+def worker_of_knob(key: str) -> str:
+    """The worker of a knob key, ``job|worker|knob``."""
+    return key.split("|", 2)[1]
 
-    def __init__(self, table: faust.Table, target_of: Callable[[str], str]) -> None:
+
+class WorkerKeyedTable(MutableMapping[str, dict]):
+    """Entries keyed by strings that name their worker, kept in a table of one JSON object
+    per worker, under the worker id's bytes: every write of an entry rewrites its worker's
+    object. Keys and values are bytes in the table, as they come back on recovery; a worker
+    with no entries has no object."""
+
+    def __init__(self, table: MutableMapping[bytes, bytes],
+                 worker_of: Callable[[str], str]) -> None:
         self._table = table
-        self._target_of = target_of
-        self.events: dict[str, faust.EventT] = {}
+        self._worker_of = worker_of
 
-    def _scoped(self, key: str):
-        event = self.events.get(self._target_of(key))
-        return _current_event.set(weakref.ref(event)) if event is not None else None
+    def _entries(self, worker: bytes) -> dict[str, dict]:
+        raw = self._table.get(worker)
+        return {} if raw is None else orjson.loads(raw)
+
+    def _store(self, worker: bytes, entries: dict[str, dict]) -> None:
+        if entries:
+            self._table[worker] = orjson.dumps(entries)
+        elif worker in self._table:
+            del self._table[worker]
 
     def __getitem__(self, key: str) -> dict:
-        raw = self._table.get(key.encode())
-        if raw is None:
-            raise KeyError(key)
-        return orjson.loads(raw)
+        return self._entries(self._worker_of(key).encode())[key]
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key.encode() in self._table
+        return isinstance(key, str) and key in self._entries(self._worker_of(key).encode())
 
     def __setitem__(self, key: str, value: dict) -> None:
-        token = self._scoped(key)
-        try:
-            self._table[key.encode()] = orjson.dumps(value)
-        finally:
-            if token is not None:
-                _current_event.reset(token)
+        worker = self._worker_of(key).encode()
+        entries = self._entries(worker)
+        entries[key] = value
+        self._store(worker, entries)
 
     def __delitem__(self, key: str) -> None:
-        token = self._scoped(key)
-        try:
-            del self._table[key.encode()]
-        finally:
-            if token is not None:
-                _current_event.reset(token)
+        worker = self._worker_of(key).encode()
+        entries = self._entries(worker)
+        del entries[key]
+        self._store(worker, entries)
 
     def __iter__(self) -> Iterator[str]:
-        return (key.decode() for key in self._table)
+        for worker in list(self._table):
+            yield from self._entries(worker)
 
     def __len__(self) -> int:
-        return len(self._table)
+        return sum(len(self._entries(worker)) for worker in list(self._table))
+
+    def __bool__(self) -> bool:
+        return len(self._table) > 0  # no worker keeps an empty object
 
 
 def register_policy_engine(
-    app: faust.App,
+    app: App,
     topics: TopicNames,
     registry: PolicyRegistry,
     signing_key: bytes,
@@ -175,11 +184,12 @@ def register_policy_engine(
     actuations = app.topic(topics.actuations, value_type=bytes, key_type=bytes)
     decisions = app.topic(topics.decisions, value_type=bytes, key_type=bytes)
     dead_letters = app.topic(topics.dead_letters, value_type=bytes, key_type=bytes)
-    states = _EventScopedTable(_table(app, "policy-state"), lambda key: key.split("|", 1)[1])
-    knobs = _EventScopedTable(_table(app, "policy-knobs"), lambda key: key.rsplit("|", 1)[0])
+    state_table, knob_table = _table(app, "policy-state"), _table(app, "policy-knobs")
+    states = WorkerKeyedTable(state_table, worker_of_state)
+    knobs = WorkerKeyedTable(knob_table, worker_of_knob)
     engine = Engine(registry, states, knobs, signing_key)
 
-    async def send_durably(topic: faust.TopicT, key: bytes, value: bytes | None) -> None:
+    async def send_durably(topic: TopicT, key: bytes, value: bytes | None) -> None:
         await (await topic.send(key=key, value=value))
 
     async def audit(record: PolicyDecision) -> None:
@@ -193,7 +203,7 @@ def register_policy_engine(
             await audit(record)
 
     @app.agent(policies, name="policy-loader")
-    async def policy_loader(stream: faust.StreamT) -> None:
+    async def policy_loader(stream: StreamT) -> None:
         async for event in stream.events():
             instruments.policies_in.inc()
             if event.message.offset < policies_from_offset:
@@ -206,12 +216,12 @@ def register_policy_engine(
                 await audit(record)
 
     @app.agent(features, name="policy-engine")
-    async def policy_engine(stream: faust.StreamT) -> None:
+    async def policy_engine(stream: StreamT) -> None:
+        for table in (state_table, knob_table):
+            await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
         async for batch in stream.take_events(options.batch_max_events,
                                               within=options.batch_within_s):
             good: list[FeatureEvent] = []
-            states.events.clear()
-            knobs.events.clear()
             for event in batch:
                 try:
                     feature = decode(event.value, FeatureEvent)
@@ -223,8 +233,6 @@ def register_policy_engine(
                     instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()
                     instruments.dead_letters_out.inc()
                     continue
-                target = f"{feature.identity.job_id}|{feature.identity.worker_id}"
-                states.events[target] = knobs.events[target] = event
                 good.append(feature)
             counters.features_in += len(good)
             counters.batches += 1

@@ -344,7 +344,7 @@ class Engine:
         """A claim deferred behind one that has since expired, or whose policy was deleted,
         takes effect at its target's next feature event: the holder never undoes, so
         nothing else would hand the knob on."""
-        if not len(self.knobs):
+        if not self.knobs:
             return
         seen: set[str] = set()
         for event in events:

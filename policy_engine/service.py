@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-import faust
-
+from dsec.infra.faust_app import App
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.topics import ensure_changelog_topics
 from dsec.policy_engine.agent import (
@@ -43,7 +42,7 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
 
 
 def register(
-    app: faust.App, settings: DsecSettings, options: EngineOptions | None = None,
+    app: App, settings: DsecSettings, options: EngineOptions | None = None,
     metrics: ProcessMetrics | None = None,
 ) -> EngineCounters:
     ensure_changelog_topics(settings, app.conf.id, list(TABLES), app.conf.topic_partitions)

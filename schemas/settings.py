@@ -58,6 +58,9 @@ class DsecSettings(BaseSettings):
     # Commands the engine sends one worker in any 60 s of event time; one beyond the cap
     # is not sent, and is audited as suppressed_rate_limit.
     commands_per_worker_per_min: int = Field(default=30, ge=1, le=10000)
+    # How long the broker waits for a silent Faust worker (a killed process) before it
+    # hands that worker's partitions to the others; within the broker's group bounds.
+    stream_session_timeout_s: float = Field(default=60.0, ge=6.0, le=300.0)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
 

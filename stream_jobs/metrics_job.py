@@ -17,11 +17,17 @@ import logging
 import time
 from dataclasses import dataclass
 
-import faust
 import numpy as np
-from faust.types import TP
 
-from dsec.infra.faust_app import dead_letter_for
+from dsec.infra.faust_app import (
+    TP,
+    App,
+    EventT,
+    StreamT,
+    dead_letter_for,
+    fetch_topic_metadata,
+)
+from dsec.infra.faust_app import publish as publish_to
 from dsec.infra.observability.metrics import (
     EVENTS_DEAD_LETTERED,
     EVENTS_IN,
@@ -120,7 +126,7 @@ def derived_event_id(*parts: object) -> str:
 
 
 def register_metrics_job(
-    app: faust.App,
+    app: App,
     topics: TopicNames,
     config: FeatureConfig | None = None,
     batch_max_messages: int = 500,
@@ -144,13 +150,8 @@ def register_metrics_job(
     )
 
     async def publish(topic: str, key: bytes, value: bytes) -> asyncio.Future:
-        """Hands an output to the producer; the future resolves once the broker has it.
-
-        Straight to the producer rather than through ``Topic.send``: Faust's producer lookup
-        there yields to the event loop three times per message, and each turn lets the
-        producer send a request for the one or two messages queued so far."""
-        return await app.producer.send(topic, key, value, partition=None, timestamp=None,
-                                       headers=None)
+        """Hands an output to the producer; the future resolves once the broker has it."""
+        return await publish_to(app, topic, key, value)
 
     def feature_event(
         identity: WorkerIdentity, values: dict[str, float], event_id: str,
@@ -161,7 +162,7 @@ def register_metrics_job(
             tags=tags or {},
         ))
 
-    async def process(events: list[faust.EventT]) -> None:
+    async def process(events: list[EventT]) -> None:
         started_s = time.perf_counter()
         sends = []
         derived: dict[str, list[dict[str, float]]] = {}
@@ -246,15 +247,9 @@ def register_metrics_job(
         instruments.gpu_profiles_out.inc(len(gpus))
         instruments.batch_done(started_s, len(events), derived, recoveries)
 
-    async def changelog_metadata() -> None:
-        # The table chooses changelog partitions with the producer's partitioner, which
-        # needs the changelog topic's metadata; fetch it before the first write.
-        producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
-        await producer.partitions_for(worker_state.changelog_topic.get_topic_name())
-
     @app.agent(metrics, name="metrics-job")
-    async def metrics_job(stream: faust.StreamT) -> None:
-        await changelog_metadata()
+    async def metrics_job(stream: StreamT) -> None:
+        await fetch_topic_metadata(app, worker_state.changelog_topic.get_topic_name())
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
             await process(list(events))
 

@@ -93,6 +93,7 @@ def running_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
         "DSEC_DATA_DIR": str(data_dir),
         "DSEC_TOPIC_PREFIX": stack_settings.topic_prefix,
         "DSEC_SIGNING_KEY": "test-signing-key",
+        "DSEC_STREAM_SESSION_TIMEOUT_S": "10",
     }
     log_path = data_dir / "stack.log"
     with log_path.open("wb") as log:

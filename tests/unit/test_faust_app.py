@@ -74,3 +74,10 @@ def test_moving_commits_paused_partitions_and_caught_up_ones_do_not_stand_still(
     assert stalls.longest(now_s=200.0) is None
 
 
+
+
+def test_the_session_timeout_comes_from_the_settings() -> None:
+    app = make_faust_app("dsec-test", DsecSettings(stream_session_timeout_s=8.0), partitions=1)
+    assert app.conf.broker_session_timeout == 8.0
+    default = make_faust_app("dsec-test", DsecSettings(), partitions=1)
+    assert default.conf.broker_session_timeout == 60.0
