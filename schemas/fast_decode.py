@@ -22,6 +22,7 @@ import orjson
 import pybase64
 
 from dsec.schemas import DecodeError, MetricBatch, decode
+from dsec.schemas.event_times import EventTimeWindow, check_event_times
 from dsec.schemas.frames import FIELD_DTYPES, Frame, batch_frames
 from dsec.schemas.metrics import MAX_SAMPLES_PER_BATCH, SAMPLE_MODELS
 
@@ -90,6 +91,8 @@ def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
         array = np.asarray(values)
     except (ValueError, OverflowError):
         raise _fail(kind, name, "expected a list of numbers") from None
+    if array.ndim != 1:  # a list of equal-length lists, which the model refuses too
+        raise _fail(kind, name, f"expected a list of {_NOUN[rule.dtype]}, not of lists")
     if array.dtype == object:  # nulls, or mixed types: only optional floats may hold them
         if rule.dtype is not np.float64 or any(isinstance(v, str) for v in values):
             raise _fail(kind, name, f"expected a list of {_NOUN[rule.dtype]}")
@@ -163,8 +166,12 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
         raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")
     # A read-only view of the bytes where the dtype is already the column's: no copy.
     array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype, copy=False)
-    if rule.dtype is np.float64 and not rule.nullable and np.isnan(array).any():
-        raise _fail(kind, name, "null where a number is required")
+    if rule.dtype is np.float64:
+        if not rule.nullable and np.isnan(array).any():
+            raise _fail(kind, name, "null where a number is required")
+        # JSON has no infinity, so a list never carries one; packed bytes must not either.
+        if np.isinf(array).any():
+            raise _fail(kind, name, "values must be finite")
     return _checked(kind, name, array, rule)
 
 
@@ -237,8 +244,13 @@ class DecodedBatch:
         return sum(frame["event_time_ms"].size for frame in self.frames.values())
 
 
-def decode_metric_batch(data: bytes | None) -> DecodedBatch:
-    """Validates a metric batch and returns it as frames; raises ``DecodeError``."""
+def decode_metric_batch(
+    data: bytes | None, event_times: EventTimeWindow | None = None, now_ms: int | None = None
+) -> DecodedBatch:
+    """Validates a metric batch and returns it as frames; raises ``DecodeError``.
+
+    ``event_times``: the sample times the store keeps (checked against ``now_ms``, the
+    clock by default); without it, times are checked only against the model's bounds."""
     if data is None:
         raise DecodeError("empty message (tombstone) where an event was expected")
     try:
@@ -250,13 +262,17 @@ def decode_metric_batch(data: bytes | None) -> DecodedBatch:
     columns = document.pop("columns", None)
     if document.get("samples"):
         batch = decode(data, MetricBatch)
-        return DecodedBatch(batch.model_copy(update={"samples": [], "columns": None}),
-                            batch_frames(batch))
+        frames = batch_frames(batch)
+        if event_times is not None:
+            check_event_times(frames, event_times, now_ms, "samples")
+        return DecodedBatch(batch.model_copy(update={"samples": [], "columns": None}), frames)
     header = decode(orjson.dumps(document), MetricBatch)
     if columns is None:
         return DecodedBatch(header, {})
     if not isinstance(columns, dict):
         raise DecodeError("invalid MetricBatch: columns: expected an object")
     frames = {kind: _frame(kind, cols) for kind, cols in columns.items() if cols is not None}
+    if event_times is not None:
+        check_event_times(frames, event_times, now_ms, "columns")
     return DecodedBatch(header, {kind: f for kind, f in frames.items()
                                  if f["event_time_ms"].size})

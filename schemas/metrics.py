@@ -17,7 +17,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field, create_model, model_validator
+from pydantic import ConfigDict, Field, create_model, model_validator
 
 from dsec.schemas.base import EpochMs, Event, Identifier, Model, WorkerIdentity, new_event_id
 
@@ -26,6 +26,9 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class _Sample(Model):
+    # JSON has no infinity or NaN: a row refuses them as the column decoder does.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
     event_id: Annotated[str, Field(min_length=8, max_length=64)] = Field(
         default_factory=new_event_id
     )
@@ -222,6 +225,7 @@ class _Columns(Model):
     Any numeric column may instead be a ``PackedColumn`` object (its JSON Schema is
     exported beside this one); it is a list once validated."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     sample_kind: typing.ClassVar[str] = ""
 
     @model_validator(mode="before")
@@ -311,6 +315,12 @@ class MetricBatch(Event):
                     out.append(model(event_id=f"{self.event_id}-{kind}-{index}",
                                      **{name: values[index] for name, values in given.items()}))
         return out + list(self.samples)
+
+
+def duplicate_key(batch: MetricBatch) -> str:
+    """What makes two metric messages one batch, whatever their offsets: the sink stores
+    it once and the stream jobs count it once."""
+    return batch.event_id
 
 
 def encode_packed(batch: MetricBatch) -> bytes:

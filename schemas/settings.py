@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dsec.schemas.event_times import EventTimeWindow
+
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
 
@@ -31,6 +33,9 @@ class DsecSettings(BaseSettings):
     data_dir: Path = Path(".dsec")
     clickhouse_dsn: str | None = None
     clickhouse_ttl_days: int = Field(default=30, ge=1, le=3650)
+    # How far ahead of this clock a sample's time may be (a worker's clock skew); later
+    # samples, and those older than the TTL, are dead-lettered rather than stored.
+    event_time_max_future_s: float = Field(default=300.0, gt=0, le=86400)
     signing_key: SecretStr | None = None
     # where node actuators put their sockets; owner-only (default: <tmp>/dsec-<uid>)
     run_dir: Path | None = None
@@ -77,6 +82,11 @@ class DsecSettings(BaseSettings):
         if self.clickhouse_dsn:
             return self.clickhouse_dsn
         return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    def event_time_window(self) -> EventTimeWindow:
+        """The sample times the store keeps, for the decoders of the stream jobs and sink."""
+        return EventTimeWindow(ttl_days=self.clickhouse_ttl_days,
+                               max_future_s=self.event_time_max_future_s)
 
     def health_url(self) -> str:
         """Where this configuration's service answers ``/healthz`` (loopback for 0.0.0.0)."""

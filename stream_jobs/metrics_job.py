@@ -49,10 +49,12 @@ from dsec.schemas import (
     encode,
     now_ms,
 )
+from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.features import RegimeGrowth
+from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs import worker_features
+from dsec.stream_jobs import finite, worker_features
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,11 @@ def register_metrics_job(
     batch_within_s: float = 0.05,
     metrics: ProcessMetrics | None = None,
     loop_turn_every_s: float = 0.001,
+    event_times: EventTimeWindow | None = None,
 ) -> JobCounters:
+    """``event_times``: the sample times the store keeps; batches with samples outside it
+    are dead-lettered (the default: the store's default window)."""
+    event_times = event_times or EventTimeWindow()
     config = config or FeatureConfig()
     counters = JobCounters()
     instruments = _JobInstruments(metrics or ProcessMetrics(), topics)
@@ -162,6 +168,13 @@ def register_metrics_job(
             tags=tags or {},
         ))
 
+    async def dead_letter(event: EventT, reason: str) -> asyncio.Future:
+        counters.dead_letters += 1
+        instruments.dead_lettered.labels(SERVICE, dead_letter_reason(reason)).inc()
+        instruments.dead_letters_out.inc()
+        return await publish(topics.dead_letters, event.message.topic.encode(),
+                             encode(dead_letter_for(event, reason)))
+
     async def process(events: list[EventT]) -> None:
         started_s = time.perf_counter()
         sends = []
@@ -185,22 +198,20 @@ def register_metrics_job(
             if message.offset > processed_through.get(message.partition, -1):
                 processed_through[message.partition] = message.offset
             try:
-                decoded = decode_metric_batch(event.value)
+                decoded = decode_metric_batch(event.value, event_times, wall_ms)
             except DecodeError as exc:
-                counters.dead_letters += 1
-                letter = dead_letter_for(event, exc.reason)
-                sends.append(await publish(topics.dead_letters, message.topic.encode(),
-                                           encode(letter)))
-                instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()
-                instruments.dead_letters_out.inc()
+                sends.append(await dead_letter(event, exc.reason))
                 continue
             batch, frames = decoded.header, decoded.frames
             worker = batch.identity.worker_id
             counters.samples_in += decoded.sample_count()
             state = states[worker] if worker in states else worker_state[worker.encode()]
-            result = worker_features.update(
-                state, frames, message.partition, message.offset, wall_ms, config
-            )
+            result, problem = finite.checked_update(
+                state, frames, message.partition, message.offset, wall_ms, config,
+                duplicate_key(batch))
+            if problem is not None:
+                sends.append(await dead_letter(event, problem))
+                continue
             if result.skipped:
                 counters.replayed_skipped += 1
                 continue

@@ -64,8 +64,10 @@ def _tail(values: list, new: np.ndarray | list, capacity: int) -> list:
     return combined[-capacity:]
 
 
-# How many of a worker's source offsets per partition the state remembers.
+# How many of a worker's source offsets per partition, and of its batch ids, the state
+# remembers.
 RECENT_OFFSETS = 64
+RECENT_BATCHES = 64
 
 
 def already_seen(state: State, partition: int, offset: int) -> bool:
@@ -98,11 +100,16 @@ def update(
     offset: int,
     now_ms: int,
     config: FeatureConfig,
+    batch_id: str | None = None,
 ) -> Update:
-    if already_seen(state, partition, offset):
+    """``batch_id``: the message's ``duplicate_key``; a batch already counted (the same
+    batch published twice, at two offsets) is skipped, as the sink skips it."""
+    if already_seen(state, partition, offset) or batch_id in state.get("recent_batches", ()):
         return Update(state=state, skipped=True)
     state = dict(state)
     _remember(state, partition, offset)
+    if batch_id is not None:
+        state["recent_batches"] = [*state.get("recent_batches", []), batch_id][-RECENT_BATCHES:]
     out = Update(state=state)
     if "episode" in frames:
         _episodes(state, frames["episode"], config, out.features)

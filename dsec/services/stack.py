@@ -198,6 +198,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                 client, client_lock,
                 consumer_config(settings, sink_group(settings), **BULK_FETCH), topics,
                 producer_config(settings, "dsec-clickhouse-sink"), metrics=metrics,
+                event_times=settings.event_time_window(),
             )
             sink.start()
             query_server = QueryServer(client, client_lock)
@@ -221,7 +222,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                                     app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
-                metrics=metrics,
+                metrics=metrics, event_times=settings.event_time_window(),
             )
             services_by_topic[topics.metrics] = "stream-jobs"
         if "policy-engine" in options.services:

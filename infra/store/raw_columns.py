@@ -37,6 +37,18 @@ def _dictionary(message_values: list[str], message_of_row: np.ndarray) -> pa.Dic
     return pa.DictionaryArray.from_arrays(pa.array(indices), pa.array(distinct.tolist()))
 
 
+def frame_problem(kind: str, frame: Frame) -> None:
+    """Raises ``ValueError`` naming the column where ``frame`` does not fit its raw table."""
+    fields = FIELD_DTYPES.get(kind)
+    if fields is None:
+        raise ValueError(f"{kind}: unknown sample kind")
+    n = frame["event_time_ms"].size if "event_time_ms" in frame else -1
+    for name in fields:
+        column = frame.get(name)
+        if column is None or column.ndim != 1 or column.size != n:
+            raise ValueError(f"columns.{kind}.{name}: expected one value per sample")
+
+
 class RawColumnsBuilder:
     """Collects the frames of many batches; ``tables()`` gives one Arrow table per kind."""
 
@@ -47,6 +59,10 @@ class RawColumnsBuilder:
         self.samples = 0
 
     def add(self, batch: MetricBatch, frames: dict[str, Frame]) -> None:
+        """Adds one batch's frames; ``ValueError``, and nothing added, where a frame is not
+        one flat column per field of its kind with one value per sample."""
+        for kind, frame in frames.items():
+            frame_problem(kind, frame)
         index = len(self._identities)
         identity = batch.identity
         self._identities.append(

@@ -13,7 +13,9 @@ Kafka. Nothing is stored twice:
 
 A block the server rejects for its contents (not for a lost connection) is split until
 the events it cannot store are known; those go to the dead-letter topic with the server's
-reason before the batch's offsets move, and the rest is stored.
+reason before the batch's offsets move, and the rest is stored. A message the sink cannot
+prepare at all is dead-lettered the same way, and the batch goes on without it; should the
+loop die anyway, a supervisor restarts it, and the health check fails until it runs again.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dsec.infra.observability.metrics import (
 from dsec.infra.store import rows
 from dsec.infra.store.insert_errors import InsertFailure, classify_insert_error, short_reason
 from dsec.infra.store.raw_columns import RawColumnsBuilder
+from dsec.infra.supervisor import LoopSupervisor
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -56,11 +59,14 @@ from dsec.schemas import (
     decode,
     encode,
 )
-from dsec.schemas.fast_decode import decode_metric_batch
+from dsec.schemas.event_times import EventTimeWindow
+from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
+from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"
+UNPREPARABLE = "unpreparable"  # the reason class of a message the sink could not prepare
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ class PreparedBatch:
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     tokens: dict[str, Any] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    unpreparable: int = 0  # of the dead letters, messages the sink could not prepare
 
     def token(self, table: str) -> Any:
         return self.tokens.setdefault(table, hashlib.blake2b(digest_size=16))
@@ -171,6 +178,8 @@ class SinkCounters:
     inserts_rejected: int = 0
     dead_lettered: int = 0
     dead_letters_unstorable: int = 0
+    unpreparable: int = 0  # messages the sink failed on (dead-lettered, the batch went on)
+    loop_restarts: int = 0
 
 
 class ClickHouseSink:
@@ -186,9 +195,13 @@ class ClickHouseSink:
         remember_ids: int = 200_000,
         metrics: ProcessMetrics | None = None,
         stalled_after_s: float = 120.0,
+        event_times: EventTimeWindow | None = None,
+        restart_delay_s: float = 0.5,
     ) -> None:
         """``stalled_after_s``: the sink reports itself unhealthy once its loop has not
-        come round for that long (a store that keeps refusing writes, say)."""
+        come round for that long (a store that keeps refusing writes, say).
+        ``event_times``: the sample times the store keeps (the default: its defaults);
+        the metrics job dead-letters samples outside it, the sink skips them."""
         self._client = client
         self._client_lock = client_lock
         self._consumer_config = consumer_config
@@ -203,8 +216,10 @@ class ClickHouseSink:
         self._poll_timeout_s = poll_timeout_s
         self._recent = {route.table: _RecentIds(remember_ids) for route in self._routes.values()}
         self._recent_batches = _RecentIds(remember_ids)
+        self._event_times = event_times or EventTimeWindow()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._supervisor: LoopSupervisor | None = None
+        self._restart_delay_s = restart_delay_s
         self.counters = SinkCounters()
         self.last_error: str | None = None
         metrics = metrics or ProcessMetrics()
@@ -212,6 +227,7 @@ class ClickHouseSink:
         self._rows_out = metrics.counter(EVENTS_OUT)
         self._dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED).labels(
             SERVICE, STORE_REJECTED)
+        self._unpreparable = metrics.counter(EVENTS_DEAD_LETTERED).labels(SERVICE, UNPREPARABLE)
         self._lag = ConsumerLag(metrics, SERVICE)
         self._stalled_after_s = stalled_after_s
         self._last_round_s: float | None = None
@@ -223,8 +239,12 @@ class ClickHouseSink:
 
     def health(self) -> str | None:
         """None while the consumer loop is alive and coming round, else what is wrong."""
-        if self._thread is None or not self._thread.is_alive():
+        if self._supervisor is None:
             return "the sink's consumer loop is not running"
+        self.counters.loop_restarts = self._supervisor.restarts
+        down = self._supervisor.down()
+        if down is not None:
+            return down
         if self._last_round_s is None:
             return "the sink's consumer loop has not started yet"
         silent_s = time.monotonic() - self._last_round_s
@@ -235,8 +255,9 @@ class ClickHouseSink:
 
     def start(self) -> None:
         self._seed_recent_ids()
-        self._thread = threading.Thread(target=self.run, name="dsec-clickhouse-sink", daemon=True)
-        self._thread.start()
+        self._supervisor = LoopSupervisor(self.run, "the sink's consumer loop", self._stop,
+                                          first_delay_s=self._restart_delay_s)
+        self._supervisor.start()
 
     def _seed_recent_ids(self) -> None:
         """Ids stored in the last day, so that replays across a restart are recognised."""
@@ -271,6 +292,7 @@ class ClickHouseSink:
     def run(self) -> None:
         """Consume, prepare, store, commit; a batch is prepared while the one before is
         being stored (the ClickHouse engine releases the interpreter lock while it writes)."""
+        self._last_round_s = None
         consumer = Consumer({**self._consumer_config, **self._lag.client_config()})
         consumer.subscribe(self.topics, on_assign=self._on_assign)
         pending: tuple[Future[None], PreparedBatch] | None = None
@@ -303,8 +325,8 @@ class ClickHouseSink:
 
     def prepare(self, messages: list[Message]) -> PreparedBatch:
         """Decodes and deduplicates a consumed batch into what each table receives."""
-        raw = RawColumnsBuilder()
         batch = PreparedBatch()
+        raw_batches: list[tuple[Source, DecodedBatch]] = []
         consumed: dict[str, int] = {}
         for message in messages:
             error = message.error()
@@ -316,28 +338,15 @@ class ClickHouseSink:
             batch.next_offsets[(topic, message.partition())] = message.offset() + 1
             consumed[topic] = consumed.get(topic, 0) + 1
             self.counters.messages += 1
-            if topic == self._metrics_topic:
-                self._add_raw(raw, message, batch)
-                continue
-            route = self._routes.get(topic)
-            if route is None:
-                continue
-            try:
-                event = decode(value, route.model)
-            except DecodeError as exc:
-                self.counters.undecodable += 1
-                log.warning("sink: skipping %s@%d: %s", topic, message.offset(), exc.reason)
-                continue
-            event_id = route.id_of(event)
-            if event_id in self._recent[route.table]:
-                self.counters.duplicates_skipped += 1
-                continue
-            self._recent[route.table].add(event_id)
             source = Source(topic, message.partition(), message.offset(), value)
-            batch.events.setdefault(route.table, []).append(
-                StoredEvent(event_id, source, route.to_rows(event)))
-            batch.token(route.table).update(event_id.encode())
-        batch.arrow = raw.tables()
+            try:
+                if topic == self._metrics_topic:
+                    self._add_raw(source, raw_batches)
+                else:
+                    self._add_event(source, batch)
+            except Exception as exc:  # one message never stops the others' storage
+                self._unpreparable_message(batch, source, exc)
+        batch.arrow = self._raw_tables(raw_batches, batch)
         for topic, count in consumed.items():
             self._events_in.labels(SERVICE, topic).inc(count)
         return batch
@@ -350,7 +359,7 @@ class ClickHouseSink:
         for table, events in batch.events.items():
             self._store_events(table, events, batch)
         if batch.dead_letters:
-            self._publish_dead_letters(batch.dead_letters)
+            self._publish_dead_letters(batch.dead_letters, batch.unpreparable)
         if batch.next_offsets:
             offset_rows = [[self._group, topic, partition, offset]
                            for (topic, partition), offset in batch.next_offsets.items()]
@@ -441,7 +450,7 @@ class ClickHouseSink:
             topic=source.topic, partition=source.partition, offset=source.offset,
             reason=reason, payload=source.value))
 
-    def _publish_dead_letters(self, letters: list[DeadLetter]) -> None:
+    def _publish_dead_letters(self, letters: list[DeadLetter], unpreparable: int = 0) -> None:
         """Durable on the dead-letter topic before the batch's offsets are recorded."""
         failures: list[str] = []
 
@@ -455,27 +464,79 @@ class ClickHouseSink:
         remaining = self._producer.flush(60)
         if remaining or failures:
             raise RuntimeError(f"dead letters not delivered: {remaining} pending, {failures}")
-        self._dead_lettered.inc(len(letters))
+        self._dead_lettered.inc(len(letters) - unpreparable)
+        self._unpreparable.inc(unpreparable)
         self._rows_out.labels(SERVICE, self._dead_letter_topic).inc(len(letters))
 
-    def _add_raw(self, raw: RawColumnsBuilder, message: Message, batch: PreparedBatch) -> None:
-        value = message.value()
+    def _add_event(self, source: Source, batch: PreparedBatch) -> None:
+        route = self._routes.get(source.topic)
+        if route is None:
+            return
         try:
-            decoded = decode_metric_batch(value)
+            event = decode(source.value, route.model)
+        except DecodeError as exc:
+            self.counters.undecodable += 1
+            log.warning("sink: skipping %s@%d: %s", source.topic, source.offset, exc.reason)
+            return
+        event_id = route.id_of(event)
+        if event_id in self._recent[route.table]:
+            self.counters.duplicates_skipped += 1
+            return
+        stored = StoredEvent(event_id, source, route.to_rows(event))
+        self._recent[route.table].add(event_id)
+        batch.events.setdefault(route.table, []).append(stored)
+        batch.token(route.table).update(event_id.encode())
+
+    def _add_raw(self, source: Source, raw_batches: list[tuple[Source, DecodedBatch]]) -> None:
+        try:
+            decoded = decode_metric_batch(source.value, self._event_times)
         except DecodeError:
             # The metrics job dead-letters these, with the reason; here they are only counted.
             self.counters.undecodable += 1
             return
-        batch_id = decoded.header.event_id
+        RawColumnsBuilder().add(decoded.header, decoded.frames)  # raises where it cannot go in
+        batch_id = duplicate_key(decoded.header)
         if batch_id in self._recent_batches:
             self.counters.duplicates_skipped += 1
             return
         self._recent_batches.add(batch_id)
-        batch.raw_sources[batch_id] = Source(message.topic(), message.partition(),
-                                             message.offset(), value)
-        raw.add(decoded.header, decoded.frames)
-        self.counters.samples += decoded.sample_count()
-        batch.token("raw").update(batch_id.encode())
+        raw_batches.append((source, decoded))
+
+    def _raw_tables(self, raw_batches: list[tuple[Source, DecodedBatch]],
+                    batch: PreparedBatch) -> dict[str, Any]:
+        """One Arrow table per raw table. Should the batches not go together, each is tried
+        alone and those that fail are dead-lettered."""
+        raw = RawColumnsBuilder()
+        for _, decoded in raw_batches:
+            raw.add(decoded.header, decoded.frames)
+        try:
+            tables = raw.tables()
+        except Exception:
+            raw, kept = RawColumnsBuilder(), []
+            for source, decoded in raw_batches:
+                alone = RawColumnsBuilder()
+                alone.add(decoded.header, decoded.frames)
+                try:
+                    alone.tables()
+                except Exception as exc:
+                    self._unpreparable_message(batch, source, exc)
+                    continue
+                raw.add(decoded.header, decoded.frames)
+                kept.append((source, decoded))
+            raw_batches, tables = kept, raw.tables()
+        for source, decoded in raw_batches:
+            batch_id = duplicate_key(decoded.header)
+            batch.raw_sources[batch_id] = source
+            self.counters.samples += decoded.sample_count()
+            batch.token("raw").update(batch_id.encode())
+        return tables
+
+    def _unpreparable_message(self, batch: PreparedBatch, source: Source,
+                              exc: Exception) -> None:
+        self.counters.unpreparable += 1
+        batch.unpreparable += 1
+        self._dead_letter(batch, source, f"the sink could not prepare it: "
+                                         f"{type(exc).__name__}: {exc}"[:1000])
 
     def _count(self, table: str, added: int) -> None:
         self.counters.rows_by_table[table] = self.counters.rows_by_table.get(table, 0) + added
@@ -507,13 +568,12 @@ class ClickHouseSink:
         (a producer left to the garbage collector keeps reconnecting to a broker that is
         gone, from threads of its own)."""
         self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=timeout_s)
+        supervisor, self._supervisor = self._supervisor, None
+        ended = supervisor is None or supervisor.join(timeout_s)
         if self._producer_closed:
             return
         self._producer.flush(timeout_s)
-        if thread is None or not thread.is_alive():  # a loop still running may publish
+        if ended:  # a loop still running may publish
             self._producer_closed = True
             self._producer.close()
 

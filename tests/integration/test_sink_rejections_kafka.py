@@ -25,6 +25,7 @@ from dsec.schemas import (
     now_ms,
     topic_names,
 )
+from dsec.schemas.event_times import EventTimeWindow
 
 DAY_MS = 86_400_000
 
@@ -64,7 +65,8 @@ def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, tmp_pat
     metrics = ProcessMetrics()
     sink = ClickHouseSink(client, threading.Lock(),
                           consumer_config(settings, f"sink-{uuid.uuid4().hex[:6]}"), topics,
-                          producer_config(settings, "test-sink"), metrics=metrics)
+                          producer_config(settings, "test-sink"), metrics=metrics,
+                          event_times=EventTimeWindow(ttl_days=365))
     sink.start()
     try:
         wait_for(lambda: sink.counters.rows_by_table.get("features", 0) == 150
