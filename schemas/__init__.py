@@ -28,7 +28,7 @@ from dsec.schemas.metrics import (
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicySpec
-from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
+from dsec.schemas.runtimes import RegisteredRuntime, RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
 
@@ -57,6 +57,7 @@ __all__ = [
     "PolicyDecision",
     "PolicySpec",
     "RecoverySample",
+    "RegisteredRuntime",
     "RuntimeMetricsPost",
     "RuntimeRegistration",
     "RuntimeSample",
