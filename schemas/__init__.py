@@ -28,7 +28,7 @@ from dsec.schemas.metrics import (
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicyDeletion, PolicySpec
-from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
+from dsec.schemas.runtimes import RegisteredRuntime, RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
 
@@ -58,6 +58,7 @@ __all__ = [
     "PolicyDeletion",
     "PolicySpec",
     "RecoverySample",
+    "RegisteredRuntime",
     "RuntimeMetricsPost",
     "RuntimeRegistration",
     "RuntimeSample",

@@ -28,3 +28,11 @@ class RuntimeMetricsPost(Model):
     """What a registered runtime posts: samples only; its identity comes from registration."""
 
     samples: Annotated[list[MetricSample], Field(min_length=1, max_length=10_000)]
+
+
+class RegisteredRuntime(Model):
+    """A registration as the gateway keeps it: with the SHA-256 of the runtime's own bearer
+    token, or none once that token is revoked."""
+
+    registration: RuntimeRegistration
+    token_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,13 +16,18 @@ def ingest_gateway(
         str | None, typer.Option(help="Bearer token runtimes present (or DSEC_GATEWAY_TOKEN).")
     ] = None,
     bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers.")] = None,
+    tls_certfile: Annotated[
+        Path | None, typer.Option(help="TLS certificate (PEM); serves HTTPS with --tls-keyfile.")
+    ] = None,
+    tls_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (PEM).")] = None,
 ) -> None:
     """Serve runtime registration and metric ingest over HTTP; policies go back by webhook."""
     from dsec.ingest.gateway_config import GatewayConfig
     from dsec.schemas.settings import DsecSettings
     from dsec.services.gateway import run_gateway
 
-    given = {"host": host, "port": port, "token": token}
+    given = {"host": host, "port": port, "token": token, "tls_certfile": tls_certfile,
+             "tls_keyfile": tls_keyfile}
     try:
         config = GatewayConfig(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:

@@ -22,6 +22,7 @@ from dsec.schemas.settings import DsecSettings
 @dataclass
 class GatewayService:
     gateway: IngestGateway
+    registry: RuntimeRegistry
     publisher: KafkaBatchPublisher
     forwarder: WebhookForwarder | None
     _results_producer: Producer | None
@@ -32,6 +33,7 @@ class GatewayService:
         return self
 
     def close(self) -> None:
+        self.registry.flush()
         if self.forwarder is not None:
             self.forwarder.stop()
         if self._results_producer is not None:
@@ -68,20 +70,21 @@ def build_gateway(
             topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
             publish, config.webhook_timeout_s, metrics=metrics,
         )
-    return GatewayService(gateway, publisher, forwarder, results_producer)
+    return GatewayService(gateway, registry, publisher, forwarder, results_producer)
 
 
 def run_gateway(settings: DsecSettings, config: GatewayConfig) -> None:
     """Serves until interrupted."""
     import uvicorn
 
+    from dsec.services.gateway_http import uvicorn_config
+
     service = build_gateway(settings, config).start()
     # The same /metrics and /healthz as on the gateway's own port, on the metrics port
     # every dsec service answers on.
     metrics_server = serve_metrics(settings, service.gateway.metrics)
     try:
-        uvicorn.run(service.gateway.app(), host=config.host, port=config.port,
-                    log_level="warning")
+        uvicorn.Server(uvicorn_config(service.gateway.app(), config)).run()
     finally:
         service.close()
         if metrics_server is not None:

@@ -103,6 +103,11 @@ PROBE_SAMPLES_DROPPED = MetricSpec(
     "dsec_probe_samples_dropped_total", "counter",
     "Samples a worker's probe dropped since it started, relayed from its heartbeats.",
     ("worker",))
+REQUESTS_REJECTED = MetricSpec(
+    "dsec_requests_rejected_total", "counter",
+    "HTTP requests refused, by service and reason (the ingest gateway: unauthorized, "
+    "forbidden, too_large, invalid_json, too_deep, invalid_request, rate_limited, ...).",
+    ("service", "reason"))
 WORKERS_LOST = MetricSpec(
     "dsec_workers_lost", "gauge",
     "Workers silent for 3 heartbeat intervals, among those whose state this process holds.")
@@ -111,7 +116,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, FEATURE_UPDATE_LATENCY,
     POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, GRADIENT_SYNC_SUCCESS_RATE,
     SNAPSHOT_RECOVERY_TIME, SANDBOX_UTILIZATION_RATE, ACTUATIONS, PROBE_SAMPLES_DROPPED,
-    WORKERS_LOST,
+    WORKERS_LOST, REQUESTS_REJECTED,
 )
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOGUE)
 
@@ -123,7 +128,7 @@ SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
     "policy-engine": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
                       POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, ACTUATIONS),
     "sink": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG),
-    "ingest-gateway": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS),
+    "ingest-gateway": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS, REQUESTS_REJECTED),
     "node-actuator": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS),
 }
 

@@ -33,6 +33,7 @@ from dsec.schemas.actuations import SnapshotParams
 from dsec.services.gateway import build_gateway
 
 TOKEN = "s3cret-token"
+LOOPBACK = {"webhook_allowed_networks": ("127.0.0.0/8",)}  # the test webhooks listen there
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REGISTRATION = {
     "runtime_id": "dify-agent-7", "runtime_type": "dify", "concurrency": 16,
@@ -88,12 +89,14 @@ def _command(worker_id: str, key: bytes, job_id: str = "job-a") -> ActuationComm
 
 @pytest.mark.integration
 def test_gateway_publishes_to_the_metrics_topic_on_the_real_broker(settings) -> None:
-    service = build_gateway(settings, GatewayConfig(token=TOKEN), webhooks=False)
+    service = build_gateway(settings, GatewayConfig(token=TOKEN, **LOOPBACK), webhooks=False)
     try:
         client = TestClient(service.gateway.app())
-        assert client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH).status_code == 201
+        registered = client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+        assert registered.status_code == 201
+        own = {"Authorization": f"Bearer {registered.json()['token']}"}
         answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
-                             headers=AUTH)
+                             headers=own)
         assert answer.status_code == 202, answer.text
         assert client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES,
                            headers={"Authorization": "Bearer nope"}).status_code == 401
@@ -124,7 +127,8 @@ def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_pat
 
     port = free_port()
     env = {**os.environ, "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
-           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k"}
+           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k",
+           "DSEC_GATEWAY_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.0/8"]'}
     server = subprocess.Popen(
         [sys.executable, "-m", "dsec.cli", "ingest-gateway", "--port", str(port),
          "--bootstrap", settings.bootstrap],
@@ -177,7 +181,7 @@ def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> Non
     threading.Thread(target=server.serve_forever, daemon=True).start()
     registration = {**REGISTRATION, "job_id": settings.job_id,
                     "webhook_url": f"http://127.0.0.1:{server.server_port}/dsec"}
-    service = build_gateway(settings, GatewayConfig(token=TOKEN)).start()
+    service = build_gateway(settings, GatewayConfig(token=TOKEN, **LOOPBACK)).start()
     topics = topic_names(settings.topic_prefix)
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     key = settings.signing_key_bytes()

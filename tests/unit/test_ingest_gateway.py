@@ -55,7 +55,8 @@ class RecordingPublisher:
 def gateway(tmp_path) -> tuple[TestClient, RecordingPublisher, RuntimeRegistry]:
     publisher = RecordingPublisher()
     registry = RuntimeRegistry(tmp_path / "runtimes.json")
-    app = IngestGateway(GatewayConfig(token=TOKEN), registry, publisher, "job-a").app()
+    config = GatewayConfig(token=TOKEN, webhook_allowed_networks=("127.0.0.0/8",))
+    app = IngestGateway(config, registry, publisher, "job-a").app()
     return TestClient(app), publisher, registry
 
 
@@ -63,7 +64,8 @@ def test_registration_is_published_and_remembered(gateway, tmp_path) -> None:
     client, publisher, _registry = gateway
     answer = client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
     assert answer.status_code == 201, answer.text
-    assert client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH).status_code == 200
+    own = {"Authorization": f"Bearer {answer.json()['token']}"}
+    assert client.post("/v1/runtimes", json=REGISTRATION, headers=own).status_code == 200
     key, value = publisher.published[0]
     batch = decode(value, MetricBatch)
     assert key == b"dify-agent-7" and batch.identity.job_id == "job-a"
@@ -74,10 +76,17 @@ def test_registration_is_published_and_remembered(gateway, tmp_path) -> None:
     assert shown["webhook_url"] == "http://127.0.0.1:9/dsec"
 
 
+def enrol(client: TestClient, registration: dict = REGISTRATION) -> dict[str, str]:
+    """Registers with the enrolment token; the runtime's own token as headers."""
+    answer = client.post("/v1/runtimes", json=registration, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+    return {"Authorization": f"Bearer {answer.json()['token']}"}
+
+
 def test_metrics_become_one_batch_with_the_registered_identity(gateway) -> None:
     client, publisher, _ = gateway
-    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
-    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=AUTH)
+    own = enrol(client)
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=own)
     assert answer.status_code == 202 and answer.json()["accepted"] == 2
     batch = decode(publisher.published[-1][1], MetricBatch)
     assert batch.identity == WorkerIdentity(job_id="job-a", worker_id="dify-agent-7",
@@ -109,9 +118,9 @@ def test_bad_or_missing_token_is_401(gateway, headers) -> None:
 )
 def test_malformed_batch_is_422_naming_the_field(gateway, body, field) -> None:
     client, publisher, _ = gateway
-    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    own = enrol(client)
     published_before = len(publisher.published)
-    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=body, headers=AUTH)
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=body, headers=own)
     assert answer.status_code == 422, answer.text
     payload = answer.json()
     assert payload["error"] == "invalid_request"
@@ -129,9 +138,9 @@ def test_other_client_errors_say_what_is_wrong(gateway) -> None:
     bad = {**REGISTRATION, "concurrency": 0, "webhook_url": "not a url"}
     answer = client.post("/v1/runtimes", json=bad, headers=AUTH)
     assert {p["field"] for p in answer.json()["problems"]} == {"concurrency", "webhook_url"}
-    client.post("/v1/runtimes", json=REGISTRATION, headers=AUTH)
+    own = enrol(client)
     publisher.failing = True
-    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=AUTH)
+    answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=GOOD_SAMPLES, headers=own)
     assert answer.status_code == 503 and "try again" in answer.json()["detail"]
 
 
