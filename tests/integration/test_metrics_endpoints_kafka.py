@@ -183,7 +183,9 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
             "runtime_id": "dify-1", "runtime_type": "dify", "concurrency": 4,
             "mean_call_latency_ms": 800.0, "function_calling": True})
         assert registered.status_code == 201, registered.text
-        posted = httpx.post(f"{gateway_url}/v1/runtimes/dify-1/metrics", headers=auth, json={
+        runtime_auth = {"Authorization": f"Bearer {registered.json()['token']}"}
+        posted = httpx.post(f"{gateway_url}/v1/runtimes/dify-1/metrics",
+                            headers=runtime_auth, json={
             "samples": [{"kind": "heartbeat", "event_time_ms": now_ms(), "interval_s": 5}]})
         assert posted.status_code == 202, posted.text
 
