@@ -188,6 +188,9 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                             headers=runtime_auth, json={
             "samples": [{"kind": "heartbeat", "event_time_ms": now_ms(), "interval_s": 5}]})
         assert posted.status_code == 202, posted.text
+        refused = httpx.post(f"{gateway_url}/v1/runtimes/dify-1/metrics",
+                             headers={"Authorization": "Bearer wrong"}, json={"samples": []})
+        assert refused.status_code == 401, refused.text
 
         # The stream jobs and the policy engine (one process).
         def stack_done() -> Samples | None:
@@ -272,6 +275,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                      topic=topics.metrics) == 2
         assert value(scrape(gateway_metrics_url), "dsec_events_in_total",
                      service="ingest-gateway", topic="http") == 2  # the same, on the metrics port
+        assert value(gateway_samples, "dsec_requests_rejected_total",
+                     service="ingest-gateway", reason="unauthorized") == 1
 
         everything = {**samples, **sink_samples, **node_samples, **gateway_samples,
                       **scrape(sink_url)}
