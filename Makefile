@@ -39,6 +39,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mkdocs build --strict --quiet
 
 # The unit tier alone: no broker, no services (under a minute and a half).
 test-fast: lint
