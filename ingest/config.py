@@ -11,28 +11,20 @@ class ProbeConfig(BaseSettings):
 
     # One message per flush. A sample with a NaN/Inf number in it is sent at once, not at
     # the next flush. Every flush costs the training process a cold wake of the flusher
-    # (the encoding, the Kafka client, the GIL): on the 2.5 ms reference step of ``dsec
-    # bench probe-overhead``, 0.25 s halves what 0.1 s cost (0.3 % of the step against 0.55 %).
+    # (the encoding, the Kafka client, the GIL), so fewer flushes cost less; docs/benchmarks.md
+    # has the figures of ``dsec bench probe-overhead``.
     flush_interval_s: float = Field(default=0.25, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
     buffer_max_samples: int = Field(default=100_000, ge=1)
     # One Kafka message stays well under the broker's 1 MB default after a long outage.
     max_samples_per_message: int = Field(default=2_000, ge=1, le=100_000)
-    # Python run on the training thread after a step meets cold caches: on a 2-3 ms CPU step
-    # a step sample (loss read, mean step time) costs 20-80 us, a gradient norm 0.3-1 ms.
-    # Each is taken every N steps when set; by default (None) spaced so that the time it is
-    # timed for stays within its budget fraction of the training time, measured as it goes
-    # (every 10th step until it knows), and at least every max_interval steps.
-    # The time around the work is not all of its cost: the steps after it run slower too
-    # (their caches are cold). Measured on the reference step of ``dsec bench
-    # probe-overhead``, a sample every 20 steps and a norm every 80 (budgets of 0.1 %) cost
-    # 0.28 % and 0.27 % of the step, where their timed share was 0.1 % each. The budgets
-    # are therefore 0.02 % for samples (there: every 100 steps, the cap, 5-6 a second) and
-    # 0.01 % for norms (every 640-680 steps, about one a second). A GPU step of tens of
-    # milliseconds, where the same work takes tens of microseconds, gets a sample about
-    # every 5-10 steps and a norm about every 20-40. A norm's cap is high so that the
-    # budget, not the cap, spaces it on a fast loop.
-    # Steps between samples are only counted.
+    # Python run on the training thread after a step meets cold caches, so a step sample and
+    # a gradient norm cost more than their own time. Each is taken every N steps when set;
+    # by default (None) spaced so that the time it is timed for stays within its budget
+    # fraction of the training time, measured as it goes (every 10th step until it knows),
+    # and at least every max_interval steps. The time around the work is not all of its
+    # cost (the steps after it run slower too), hence budgets well under the overhead
+    # target; docs/benchmarks.md has the figures.
     step_sample_every_n_steps: int | None = Field(default=None, ge=1)
     step_sample_budget_fraction: float = Field(default=0.0002, gt=0, le=1)
     step_sample_max_interval_steps: int = Field(default=100, ge=1)

@@ -4,11 +4,11 @@ The flusher wakes every flush interval (250 ms by default) to a cold cache, so e
 operation it runs costs several times its warm price, and the training step pays for it
 (CPU and the GIL). The two kinds a training loop records at step rate, steps and episodes,
 go straight from the buffered tuples to columns (one ``zip`` per kind, numbers checked
-inline rather than by a call each, C-level ``count`` for the optional fields: about 70 us a
-cold flush on the reference step's machine, against 160-280 us through a helper per value);
-the rare kinds go through one dict per sample. Short numeric columns travel as JSON lists: packing a
-handful of values costs more than it saves. Long ones (a backlog after an outage, a fast
-loop sampled every step) are packed, which is what the stream jobs read fastest.
+inline rather than by a call each, C-level ``count`` for the optional fields, which is
+several times cheaper on a cold flush than a helper per value); the rare kinds go through
+one dict per sample. Short numeric columns travel as JSON lists: packing a handful of
+values costs more than it saves. Long ones (a backlog after an outage, a fast loop sampled
+every step) are packed, which is what the stream jobs read fastest.
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ class Probe:
 
         A sample's cost, which spaces the samples, is all it takes of the training thread:
         the loss read in ``note_loss``, the hook's way here and the sample itself (timing the
-        sample alone left out half of it on the reference step).
+        sample alone would leave out a large part of it).
         """
         if self._due(step):
             self._sample(step, loss, grad_norm)
