@@ -10,18 +10,16 @@ setup: $(VENV)/.installed $(VENV)/.kafka-jars
 # Helm and Docker Compose for the deployment tests, built from their Go modules into
 # ~/.cache/dsec/tools (a few minutes the first time, instant afterwards).
 tools:
-	bash infra/tools/helm.sh > /dev/null
-	bash infra/tools/docker-compose.sh > /dev/null
+	@VENV=$(VENV) bash infra/setup.sh tools
 
+# One line per step; pip's and Maven's own output goes to .venv/logs/.
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $@
+	@PYTHON=$(PYTHON) VENV=$(VENV) bash infra/setup.sh python
+	@touch $@
 
 $(VENV)/.kafka-jars: $(VENV)/.installed infra/kafka/pom.xml
-	$(BIN)/dsec kafka fetch
-	touch $@
+	@VENV=$(VENV) bash infra/setup.sh kafka
+	@touch $@
 
 demo: setup
 	$(BIN)/dsec demo --workers 4 --duration-s 60
