@@ -31,20 +31,41 @@ def test_smoothing_starts_at_the_first_value_and_follows() -> None:
     assert smoothed(4.0, 9.0, weight=0.2) == pytest.approx(5.0)
 
 
-def _train(probe, steps: int, step_s: float) -> None:
+class FakeClock:
+    """The probe's ``time`` module with a ``perf_counter`` the test moves: steps and norms
+    take exactly as long as the test says, however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+        self.monotonic = time.monotonic
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def _train(probe, steps: int, step_s: float, clock: FakeClock | None = None) -> None:
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     probe.watch(optimizer)
     for _ in range(steps):
         optimizer.zero_grad()
         model(torch.randn(2, 3)).sum().backward()
-        time.sleep(step_s)
+        if clock is None:
+            time.sleep(step_s)
+        else:
+            clock.advance(step_s)
         optimizer.step()
 
 
 def test_a_costly_norm_is_taken_less_often_and_a_cheap_one_more(monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("dsec.ingest.probe.time", clock)
+
     def slow_norm(optimizer):
-        time.sleep(0.004)
+        clock.advance(0.004)
         return torch.tensor(1.0)
 
     monkeypatch.setattr("dsec.ingest.probe.total_grad_norm", slow_norm)
@@ -52,17 +73,21 @@ def test_a_costly_norm_is_taken_less_often_and_a_cheap_one_more(monkeypatch) -> 
     probe = manual_probe(transport, step_sample_every_n_steps=1000,
                          grad_norm_budget_fraction=0.05, grad_norm_max_interval_steps=30)
     assert probe.grad_norm_interval_steps == 10  # until measured
-    _train(probe, 200, 0.001)
+    _train(probe, 200, 0.001, clock)
     probe._flush_once()
     normed = [s.step for s in transport.samples("step") if s.grad_norm is not None]
     # 4 ms against ~1 ms steps within 5 %: one norm in ~80 steps, held to one in 30
     assert probe.grad_norm_interval_steps == 30
     assert normed[:3] == [0, 10, 20] and normed[-1] - normed[-2] == 30
 
-    monkeypatch.setattr("dsec.ingest.probe.total_grad_norm", lambda opt: torch.tensor(1.0))
+    def quick_norm(optimizer):
+        clock.advance(2e-6)
+        return torch.tensor(1.0)
+
+    monkeypatch.setattr("dsec.ingest.probe.total_grad_norm", quick_norm)
     cheap = manual_probe(RecordingTransport(), step_sample_every_n_steps=1000,
                          grad_norm_budget_fraction=0.05)
-    _train(cheap, 60, 0.002)
+    _train(cheap, 60, 0.002, clock)
     assert cheap.grad_norm_interval_steps == 1  # microseconds against 2 ms steps
 
 
