@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-from dsec.infra.kafka_clients import make_consumer, make_producer
+from dsec.infra.consumer_loop import (
+    BatchWriter,
+    ConsumerLoop,
+    ConsumerLoopConfig,
+    Start,
+    TopicMissing,
+)
+from dsec.infra.kafka_clients import consumer_config, make_producer
 from dsec.policy_engine.registry import PolicyRejected, parse_record
 from dsec.schemas import PolicyDeletion, PolicySpec, SignatureError, encode, topic_names, verify
 from dsec.schemas.settings import DsecSettings
@@ -25,35 +29,39 @@ class PolicyRecord:
     offset: int
 
 
+class _Records(BatchWriter[list]):
+    def __init__(self) -> None:
+        self.records: list[PolicyRecord] = []
+
+    def write(self, batch: list) -> None:
+        self.records += [PolicyRecord(m.key(), m.value(), m.offset()) for m in batch]
+
+
+def _unreadable(message, reason: str) -> None:
+    raise PolicyLogError(f"policy record at offset {message.offset()} unreadable: {reason}")
+
+
 def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
         list[PolicyRecord], int]:
     """Every record up to the end as of now, and the offset after the last one."""
     topic = topic_names(settings.topic_prefix).policies
-    consumer = make_consumer(settings, f"dsec-policy-reader-{uuid.uuid4().hex[:8]}")
+    group = f"dsec-policy-reader-{uuid.uuid4().hex[:8]}"
+    writer = _Records()
+    loop = ConsumerLoop(
+        ConsumerLoopConfig((topic,), group, poll_timeout_s=0.5, start=Start.BEGINNING,
+                           assign=True, until_end=True, commit=False,
+                           metadata_timeout_s=timeout_s),
+        consumer_config(settings, group), writer, _unreadable, service="policy-reader")
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise PolicyLogError(f"no topic {topic}")
-        if len(metadata.partitions) != 1:
-            raise PolicyLogError(f"{topic} must have one partition, so order is total")
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
-        records: list[PolicyRecord] = []
-        if high <= low:
-            return records, high
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                continue
-            records.append(PolicyRecord(message.key(), message.value(), message.offset()))
-            if message.offset() >= high - 1:
-                return records, high
+        reached = loop.run(timeout_s=timeout_s)
+    except TopicMissing as exc:
+        raise PolicyLogError(str(exc)) from exc
+    if len(loop.end_offsets) != 1:
+        raise PolicyLogError(f"{topic} must have one partition, so order is total")
+    high = loop.end_offsets[(topic, 0)]
+    if not reached:
         raise PolicyLogError(f"timed out reading {topic} up to offset {high}")
-    finally:
-        consumer.close()
+    return writer.records, high
 
 
 def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | None:

@@ -1,5 +1,6 @@
-"""Consumer lag of confluent-kafka consumers, from librdkafka's own statistics: no extra
-requests to the broker, and parsed on the consumer's thread every few seconds."""
+"""Consumer lag of confluent-kafka consumers: from librdkafka's own statistics (no extra
+requests to the broker, parsed on the consumer's thread every few seconds), or as measured
+by a ``ConsumerLoop`` and handed to ``ConsumerLag.report``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ class ConsumerLag:
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
             log.warning("consumer statistics unreadable: %s", exc)
             return
+        self.report(current)
+
+    def report(self, current: dict[tuple[str, str, str], int]) -> None:
+        """Sets the lag of each (service, topic, partition) held now; drops the others."""
         for labels in self._reported - current.keys():
             self._gauge.remove(*labels)
         for labels, lag in current.items():

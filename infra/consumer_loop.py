@@ -1,0 +1,444 @@
+"""One poll loop under dsec's hand-written confluent-kafka consumers.
+
+A ``ConsumerLoop`` owns its ``Consumer``: it polls batches, hands them to a ``BatchWriter``,
+and commits a batch's offsets only once the writer's ``write`` has returned, that is once
+the batch's output is durable. It reports consumer lag, comes round often enough to be
+watched for liveness, and stops cleanly: what is durable is committed, the client closed.
+
+No input ends the loop. When ``prepare`` or ``write`` raises on a batch, the batch's
+messages are tried again one at a time, and a message that still fails goes to the
+caller's dead-letter callback with the reason, is counted, and the loop goes on.
+Only ``OutputUnavailable`` (the output cannot be made durable now, whatever the input),
+a dead-letter callback that raises, or the client itself ends the loop, with nothing of
+the failed batch committed: a new loop (``LoopSupervisor`` starts one) is handed it again.
+
+Public API:
+
+- ``ConsumerLoopConfig``: topics, group, how partitions are taken (group ``subscribe`` or
+  ``assign`` of every partition), where they start, batch size, poll timeout, whether to
+  commit, whether to stop at the end offsets seen at assignment (a bounded read).
+- ``BatchWriter``: ``write(batch)`` returns once the batch's output is durable;
+  ``prepare(messages)`` (optional) turns polled messages into that batch.
+- ``DeadLetter`` callback: ``(message, reason) -> None``, returning once the dead letter
+  is durable.
+- ``OutputUnavailable``: what a writer raises when the fault is not in the input.
+- ``ConsumerLoop(config, client_config, writer, dead_letter, ...)``: ``run`` (blocking),
+  ``stop``, ``down`` (for health checks), ``stats``, ``lag_by_partition``,
+  ``end_offsets``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from dsec.infra.observability.kafka import ConsumerLag
+from dsec.infra.observability.metrics import EVENTS_DEAD_LETTERED, ProcessMetrics
+
+log = logging.getLogger(__name__)
+
+Batch = TypeVar("Batch")
+PartitionKey = tuple[str, int]
+DeadLetter = Callable[[Message, str], None]
+StartingOffsets = Callable[[list[TopicPartition]], Mapping[PartitionKey, int]]
+HANDLER_FAILED = "handler_failed"  # the reason class of a message the writer failed on
+
+
+class Start(Enum):
+    """Where a partition without a starting offset of the caller's begins."""
+
+    COMMITTED = "committed"  # the group's committed offset (else ``auto.offset.reset``)
+    BEGINNING = "beginning"
+
+
+@dataclass(frozen=True)
+class ConsumerLoopConfig:
+    """``assign``: take every partition of ``topics`` (no group rebalancing) instead of
+    subscribing. ``until_end``: ``run`` returns once every partition reached the end it had
+    at assignment (needs ``assign``). ``overlap_writes``: the next batch is polled and
+    prepared while the one before is written, on a thread of its own."""
+
+    topics: tuple[str, ...]
+    group_id: str
+    poll_timeout_s: float = 0.1
+    batch_max_messages: int = 500
+    start: Start = Start.COMMITTED
+    assign: bool = False
+    until_end: bool = False
+    commit: bool = True
+    overlap_writes: bool = False
+    lag_interval_s: float = 5.0
+    stalled_after_s: float = 120.0
+    metadata_timeout_s: float = 30.0
+    dead_letter_reason: str = HANDLER_FAILED
+
+    def __post_init__(self) -> None:
+        if not self.topics:
+            raise ValueError("a consumer loop needs at least one topic")
+        if self.until_end and not self.assign:
+            raise ValueError("until_end reads assigned partitions: set assign=True")
+        if self.batch_max_messages < 1 or self.poll_timeout_s < 0:
+            raise ValueError("batch_max_messages must be >= 1 and poll_timeout_s >= 0")
+
+
+class OutputUnavailable(Exception):
+    """The output cannot be made durable now for a reason not in the input (a store or a
+    broker gone): the loop ends without dead-lettering or committing the batch."""
+
+
+class TopicMissing(LookupError):
+    """An assigned loop's topic does not exist (or its metadata carries an error)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"no topic {topic}")
+        self.topic = topic
+
+
+class BatchWriter(ABC, Generic[Batch]):
+    """Where a loop's batches go: ``write`` returns once the batch's output is durable."""
+
+    def prepare(self, messages: Sequence[Message]) -> Batch:
+        """Turns polled messages (errors left out) into what ``write`` takes."""
+        return messages  # type: ignore[return-value]
+
+    @abstractmethod
+    def write(self, batch: Batch) -> None:
+        """Makes the batch's output durable; raising leaves its offsets uncommitted."""
+
+
+@dataclass
+class LoopStats:
+    messages: int = 0
+    batches: int = 0
+    dead_lettered: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    client_errors: int = 0
+
+
+def consumer_lag(end_offset: int, position: int) -> int | None:
+    """Messages between ``position`` and ``end_offset``; None while either is unknown
+    (librdkafka's negative logical offsets)."""
+    if end_offset < 0 or position < 0:
+        return None
+    return max(0, end_offset - position)
+
+
+def failure_reason(exc: BaseException, limit: int = 1000) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+@dataclass
+class _Pending:
+    future: Future[None]
+    messages: list[Message]
+    offsets: dict[PartitionKey, int] = field(default_factory=dict)
+
+
+class ConsumerLoop(Generic[Batch]):
+    """Polls, writes, commits what is durable; see the module docstring."""
+
+    def __init__(
+        self,
+        config: ConsumerLoopConfig,
+        client_config: Mapping[str, Any],
+        writer: BatchWriter[Batch],
+        dead_letter: DeadLetter,
+        *,
+        service: str,
+        metrics: ProcessMetrics | None = None,
+        stop: threading.Event | None = None,
+        starting_offsets: StartingOffsets | None = None,
+        consumer_factory: Callable[[dict], Any] = Consumer,
+    ) -> None:
+        """``client_config``: from ``dsec.infra.kafka_clients.consumer_config`` (its
+        ``group.id`` is ``config.group_id``). ``starting_offsets``: where assigned
+        partitions start, by (topic, partition); the others start as ``config.start``.
+        ``consumer_factory``: the client, ``confluent_kafka.Consumer`` but in tests."""
+        self.config = config
+        self._client_config = {**client_config, "group.id": config.group_id,
+                               "enable.auto.commit": False}
+        self._writer = writer
+        self._dead_letter = dead_letter
+        self._service = service
+        self._stop = stop or threading.Event()
+        self._starting_offsets = starting_offsets
+        self._factory = consumer_factory
+        self._lag = ConsumerLag(metrics, service) if metrics is not None else None
+        self._dead_letter_counter = (
+            metrics.counter(EVENTS_DEAD_LETTERED).labels(service, config.dead_letter_reason)
+            if metrics is not None else None)
+        self.stats = LoopStats()
+        self.lag_by_partition: dict[PartitionKey, int] = {}
+        self.end_offsets: dict[PartitionKey, int] = {}
+        self.last_round_s: float | None = None
+        self._consumer: Any = None
+        self._pending: _Pending | None = None
+        self._durable: dict[PartitionKey, int] = {}  # next offsets written, not committed
+        self._next: dict[PartitionKey, int] = {}  # next offsets handed to the writer
+        self._lag_due_s = 0.0
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self._stop
+
+    def stop(self) -> None:
+        """Asks ``run`` to finish: it commits what is durable and closes the client."""
+        self._stop.set()
+
+    def down(self) -> str | None:
+        """None while the loop comes round, else why it is not healthy."""
+        if self.last_round_s is None:
+            return f"{self._service}'s consumer loop has not started yet"
+        silent_s = time.monotonic() - self.last_round_s
+        if silent_s > self.config.stalled_after_s:
+            return f"{self._service}'s consumer loop has not come round for {silent_s:.0f} s"
+        return None
+
+    def run(self, timeout_s: float | None = None) -> bool:
+        """Runs until ``stop`` (or, ``until_end``, the end); False when ``timeout_s``
+        passed first. Raises what ends the loop otherwise (see the module docstring)."""
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        self.last_round_s = None
+        self._pending, self._durable, self._next = None, {}, {}
+        consumer = self._factory(dict(self._client_config))
+        self._consumer = consumer
+        clean = False
+        try:
+            self._take_partitions(consumer)
+            overlap = self.config.overlap_writes
+            with (ThreadPoolExecutor(1, thread_name_prefix=f"dsec-{self._service}-writer")
+                  if overlap else nullcontext()) as pool:
+                reached = self._rounds(consumer, pool, deadline_s)
+                self._finish_pending()
+            clean = True
+            return reached
+        finally:
+            try:
+                if clean:
+                    self._commit()
+            finally:
+                self._consumer = None
+                consumer.close()
+
+    def _rounds(self, consumer: Any, pool: ThreadPoolExecutor | None,
+                deadline_s: float | None) -> bool:
+        while not self._stop.is_set():
+            self.last_round_s = time.monotonic()
+            if self.config.until_end and self._at_end(consumer):
+                return True
+            if deadline_s is not None and self.last_round_s > deadline_s:
+                return False
+            polled = consumer.consume(self.config.batch_max_messages,
+                                      self.config.poll_timeout_s)
+            messages = self._usable(polled or [])
+            self._report_lag(consumer)
+            if not messages:
+                if self._pending is not None and self._pending.future.done():
+                    self._finish_pending()
+                    self._commit()
+                continue
+            self.stats.batches += 1
+            self.stats.messages += len(messages)
+            if pool is None:
+                self._process(messages)
+                self._mark_durable(messages)
+            else:
+                self._submit(pool, messages)
+            self._commit()
+        return True
+
+    def _usable(self, polled: list[Message]) -> list[Message]:
+        """The polled messages to write: client errors logged and left out, and past the
+        end offsets of a bounded read."""
+        usable = []
+        for message in polled:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self.stats.client_errors += 1
+                    log.warning("%s: %s", self._service, error)
+                continue
+            key = (message.topic(), message.partition())
+            end = self.end_offsets.get(key)
+            if self.config.until_end and end is not None and message.offset() >= end:
+                continue
+            self._next[key] = message.offset() + 1
+            usable.append(message)
+        return usable
+
+    def _submit(self, pool: ThreadPoolExecutor, messages: list[Message]) -> None:
+        try:
+            batch = self._writer.prepare(messages)
+        except OutputUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("%s: a batch could not be prepared (%s); one message at a time",
+                        self._service, failure_reason(exc))
+            self._finish_pending()
+            self._one_at_a_time(messages)
+            self._mark_durable(messages)
+            return
+        self._finish_pending()
+        self._pending = _Pending(pool.submit(self._writer.write, batch), messages)
+
+    def _finish_pending(self) -> None:
+        """Waits for the batch being written; its offsets are durable after."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result()
+        except OutputUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("%s: a batch could not be written (%s); one message at a time",
+                        self._service, failure_reason(exc))
+            self._one_at_a_time(pending.messages)
+        self._mark_durable(pending.messages)
+
+    def _process(self, messages: list[Message]) -> None:
+        try:
+            self._writer.write(self._writer.prepare(messages))
+        except OutputUnavailable:
+            raise
+        except Exception as exc:
+            if len(messages) == 1:
+                self._send_to_dead_letters(messages[0], exc)
+                return
+            log.warning("%s: a batch could not be written (%s); one message at a time",
+                        self._service, failure_reason(exc))
+            self._one_at_a_time(messages)
+
+    def _one_at_a_time(self, messages: list[Message]) -> None:
+        for message in messages:
+            try:
+                self._writer.write(self._writer.prepare([message]))
+            except OutputUnavailable:
+                raise
+            except Exception as exc:
+                self._send_to_dead_letters(message, exc)
+
+    def _send_to_dead_letters(self, message: Message, exc: Exception) -> None:
+        reason = f"{self._service} could not handle it: {failure_reason(exc)}"
+        log.warning("%s: %s@%d:%d dead-lettered: %s", self._service, message.topic(),
+                    message.partition(), message.offset(), reason)
+        self._dead_letter(message, reason)
+        self.stats.dead_lettered += 1
+        if self._dead_letter_counter is not None:
+            self._dead_letter_counter.inc()
+
+    def _mark_durable(self, messages: list[Message]) -> None:
+        for message in messages:
+            key = (message.topic(), message.partition())
+            self._durable[key] = max(self._durable.get(key, 0), message.offset() + 1)
+
+    def _commit(self) -> None:
+        if not self.config.commit or not self._durable or self._consumer is None:
+            return
+        offsets = [TopicPartition(topic, partition, offset)
+                   for (topic, partition), offset in self._durable.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Offsets not committed are read again by the partition's next owner: at least
+            # once, never lost. The loop goes on; the next commit carries them again.
+            self.stats.commit_failures += 1
+            log.warning("%s: commit failed: %s", self._service, exc)
+            return
+        self.stats.commits += 1
+        self._durable.clear()
+
+    def _take_partitions(self, consumer: Any) -> None:
+        if not self.config.assign:
+            consumer.subscribe(list(self.config.topics), on_assign=self._on_assign,
+                               on_revoke=self._on_revoke)
+            return
+        partitions = []
+        for topic in self.config.topics:
+            metadata = consumer.list_topics(
+                topic, timeout=self.config.metadata_timeout_s).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                raise TopicMissing(topic)
+            partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        self._place(partitions)
+        if self.config.until_end:
+            self._read_end_offsets(consumer, partitions)
+        consumer.assign(partitions)
+
+    def _place(self, partitions: list[TopicPartition]) -> None:
+        stored = dict(self._starting_offsets(partitions)) if self._starting_offsets else {}
+        default = OFFSET_BEGINNING if self.config.start is Start.BEGINNING else OFFSET_STORED
+        for tp in partitions:
+            tp.offset = stored.get((tp.topic, tp.partition), default)
+
+    def _read_end_offsets(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """The end of each partition now, asked again while the broker answers with an
+        error (a loaded single broker briefly reports no leader)."""
+        deadline_s = time.monotonic() + self.config.metadata_timeout_s
+        for tp in partitions:
+            while True:
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(tp.topic, tp.partition),
+                        timeout=self.config.metadata_timeout_s)
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline_s:
+                        raise
+                    time.sleep(1.0)
+            self.end_offsets[(tp.topic, tp.partition)] = high
+            if high <= low:
+                self._next[(tp.topic, tp.partition)] = high
+
+    def _at_end(self, consumer: Any) -> bool:
+        positions = consumer.position([TopicPartition(t, p) for t, p in self.end_offsets])
+        reached = {(tp.topic, tp.partition): tp.offset for tp in positions}
+        return all(max(self._next.get(key, -1), reached.get(key, -1)) >= end
+                   for key, end in self.end_offsets.items())
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._place(partitions)
+        consumer.assign(partitions)
+
+    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        """What is durable is committed while the partitions are still this loop's."""
+        self._finish_pending()
+        self._commit()
+        for tp in partitions:
+            self._durable.pop((tp.topic, tp.partition), None)
+            self._next.pop((tp.topic, tp.partition), None)
+
+    def _report_lag(self, consumer: Any) -> None:
+        now_s = time.monotonic()
+        if now_s < self._lag_due_s:
+            return
+        self._lag_due_s = now_s + self.config.lag_interval_s
+        lags: dict[PartitionKey, int] = {}
+        for tp in consumer.position(consumer.assignment()):
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            lag = consumer_lag(high, tp.offset)
+            if lag is not None:
+                lags[(tp.topic, tp.partition)] = lag
+        self.lag_by_partition = lags
+        if self._lag is not None:
+            self._lag.report({(self._service, topic, str(partition)): lag
+                              for (topic, partition), lag in lags.items()})
