@@ -28,6 +28,7 @@ from dsec.schemas import (
     encode,
     now_ms,
 )
+from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class InProcessActuator:
         signing_key: bytes,
         publish: Publish,
         on_command: Callable[[], None] = lambda: None,
+        max_future_ms: int = COMMAND_MAX_FUTURE_MS,
     ) -> None:
         """``on_command`` is called (on the consumer's thread) after a command is queued for
         ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it."""
@@ -53,7 +55,7 @@ class InProcessActuator:
         self._consumer_config = {**consumer_config, "enable.auto.commit": False}
         self._actuations_topic = actuations_topic
         self._results_topic = results_topic
-        self._gate = CommandGate(identity, signing_key)
+        self._gate = CommandGate(identity, signing_key, max_future_ms=max_future_ms)
         self._order = DesiredStateBook()  # rejects a command older than the one in force
         self._publish = publish
         self._on_command = on_command
@@ -142,7 +144,7 @@ class InProcessActuator:
     def _handle(self, command: ActuationCommand) -> None:
         rejection = self._gate.check(command, now_ms())
         if rejection is not None:
-            if not rejection.duplicate:
+            if not rejection.duplicate and self._gate.reportable(command, rejection):
                 self._report(command, rejection.status, rejection.detail)
             return
         verdict = self._order.accept(command)

@@ -41,7 +41,7 @@ from dsec.actuators.desired_state import (
     WorkerKey,
     worker_key,
 )
-from dsec.actuators.gate import CommandGate, out_of_bounds_result
+from dsec.actuators.gate import CommandGate, node_target, out_of_bounds_result
 from dsec.actuators.snapshot_store import write_atomically
 from dsec.infra.observability.kafka import ConsumerLag
 from dsec.infra.observability.metrics import (
@@ -63,6 +63,7 @@ from dsec.schemas import (
     now_ms,
     verify,
 )
+from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class NodeActuatorConfig:
     results_topic: str
     signing_key: bytes
     poll_interval_s: float = 0.2
+    max_future_ms: int = COMMAND_MAX_FUTURE_MS  # how far ahead a command may be dated
 
 
 @dataclass
@@ -127,7 +129,8 @@ class NodeActuator:
         self._actuations = metrics.counter(ACTUATIONS)
         metrics.add_health_check("node-actuator", self.health)
         self._publish = publish
-        self._gate = CommandGate(None, config.signing_key)
+        self._gate = CommandGate(None, config.signing_key, addressed=node_target(config.node_id),
+                                 max_future_ms=config.max_future_ms)
         self._book = DesiredStateBook()
         self._connections: dict[WorkerKey, _Connection] = {}
         # What was sent, by actuation id, until answered: a one-shot command can be replaced
@@ -257,6 +260,8 @@ class NodeActuator:
         with self._lock:
             rejection = self._gate.check(command, now_ms())
             if rejection is not None:
+                if not self._gate.reportable(command, rejection):
+                    return
                 detail = rejection.detail
                 status = rejection.status
                 if rejection.duplicate:

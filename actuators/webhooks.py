@@ -38,6 +38,7 @@ from dsec.schemas import (
     encode,
     now_ms,
 )
+from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class WebhookForwarder:
         timeout_s: float,
         post: PostJson = post_json,
         metrics: ProcessMetrics | None = None,
+        max_future_ms: int = COMMAND_MAX_FUTURE_MS,
     ) -> None:
         self._registry = registry
         self._default_job_id = default_job_id
@@ -103,6 +105,7 @@ class WebhookForwarder:
         self._publish = publish
         self._timeout_s = timeout_s
         self._post = post
+        self._max_future_ms = max_future_ms
         self._gates: dict[str, CommandGate] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -158,14 +161,15 @@ class WebhookForwarder:
         if registration is None:
             return None
         identity = self._identity(registration)
-        gate = self._gates.setdefault(
-            registration.runtime_id, CommandGate(identity, self._signing_key)
-        )
+        gate = self._gates.get(registration.runtime_id)
+        if gate is None:
+            gate = CommandGate(identity, self._signing_key, max_future_ms=self._max_future_ms)
+            self._gates[registration.runtime_id] = gate
         if not gate.addressed_here(command):
             return None
         rejection = gate.check(command, now_ms())
         if rejection is not None:
-            if rejection.duplicate:
+            if rejection.duplicate or not gate.reportable(command, rejection):
                 return None
             status, detail = rejection.status, rejection.detail
         elif registration.webhook_url is None:

@@ -140,6 +140,7 @@ class WorkerRuntime:
                 signing_key=settings.signing_key_bytes(),
                 publish=self.probe.publish,
                 on_command=self.probe.wake,
+                max_future_ms=settings.command_max_future_ms(),
             )
             self.probe.add_step_callback(self.actuator.apply_pending)
 

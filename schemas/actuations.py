@@ -85,6 +85,9 @@ ACTION_PARAM_MODELS: dict[ActionKind, type[Model]] = {
 }
 
 MAX_COMMAND_TTL_MS = 3_600_000
+# How far ahead of an actuator's clock a command may be dated (the policy engine's clock
+# skew); a command dated later is rejected.
+COMMAND_MAX_FUTURE_MS = 60_000
 
 
 class ActuationCommand(Event):

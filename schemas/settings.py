@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 from dsec.schemas.event_times import EventTimeWindow
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -37,6 +38,9 @@ class DsecSettings(BaseSettings):
     # samples, and those older than the TTL, are dead-lettered rather than stored.
     event_time_max_future_s: float = Field(default=300.0, gt=0, le=86400)
     signing_key: SecretStr | None = None
+    # How far ahead of an actuator's clock a signed command may be dated; one dated later
+    # is rejected with the reason, not applied.
+    command_max_future_s: float = Field(default=COMMAND_MAX_FUTURE_MS / 1000, gt=0, le=3600)
     # where node actuators put their sockets; owner-only (default: <tmp>/dsec-<uid>)
     run_dir: Path | None = None
     # how a worker receives commands: "node" (the node actuator's socket), "kafka" (its own
@@ -92,6 +96,9 @@ class DsecSettings(BaseSettings):
         """Where this configuration's service answers ``/healthz`` (loopback for 0.0.0.0)."""
         host = "127.0.0.1" if self.metrics_host in ("", "0.0.0.0", "::") else self.metrics_host
         return f"http://{host}:{self.metrics_port}/healthz"
+
+    def command_max_future_ms(self) -> int:
+        return int(self.command_max_future_s * 1000)
 
     def run_directory(self) -> Path:
         if self.run_dir is not None:

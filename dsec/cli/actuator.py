@@ -48,6 +48,7 @@ def actuator_command(
             actuations_topic=topics.actuations,
             results_topic=topics.actuation_results,
             signing_key=settings.signing_key_bytes(),
+            max_future_ms=settings.command_max_future_ms(),
         ),
         # One group per node and installation: two installations (topic prefixes) on one
         # Kafka never share a node's group.

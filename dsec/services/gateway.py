@@ -69,6 +69,7 @@ def build_gateway(
                             **{"auto.offset.reset": "latest"}),
             topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
             publish, config.webhook_timeout_s, metrics=metrics,
+            max_future_ms=settings.command_max_future_ms(),
         )
     return GatewayService(gateway, registry, publisher, forwarder, results_producer)
 

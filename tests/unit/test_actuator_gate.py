@@ -44,3 +44,55 @@ def test_apply_hooks_dispatch_by_kind() -> None:
         assert exc.kind.value == "precision"
     else:
         raise AssertionError("expected NoApplyHookError")
+
+
+def test_a_forgery_carrying_a_real_id_does_not_stop_the_real_command() -> None:
+    gate = CommandGate(HERE, KEY)
+    genuine = _command("f" * 16)
+    forged = sign(genuine.model_copy(update={"signature": None}), b"not-the-key")
+    rejected = gate.check(forged, now_ms=2_000)
+    assert rejected is not None and not rejected.verified
+    assert rejected.status is ActuationStatus.REJECTED and not gate.known(genuine.actuation_id)
+    assert gate.check(genuine, now_ms=2_000) is None
+    assert not gate.reportable(forged, gate.check(forged, now_ms=2_000))  # the real id's record
+
+
+def test_a_flood_of_forgeries_leaves_the_replay_memory_to_verified_ids() -> None:
+    gate = CommandGate(HERE, KEY, remember=1_000)
+    genuine = _command("g" * 16)
+    assert gate.check(genuine, now_ms=2_000) is None
+    for n in range(20_000):
+        forged = _command(f"forged-{n:08d}").model_copy(update={"signature": "hmac-sha256:00"})
+        assert gate.check(forged, now_ms=2_000) is not None
+    replay = gate.check(genuine, now_ms=2_000)
+    assert replay is not None and replay.duplicate
+
+
+def test_a_genuine_command_for_another_worker_touches_nothing() -> None:
+    gate = CommandGate(HERE, KEY)
+    foreign = _command("h" * 16, target=HERE.model_copy(update={"worker_id": "w1"}))
+    rejected = gate.check(foreign, now_ms=2_000)
+    assert rejected is not None and not rejected.addressed
+    assert not gate.reportable(foreign, rejected)
+    assert not gate.known(foreign.actuation_id)
+
+
+def test_a_command_dated_beyond_the_clock_skew_bound_is_refused() -> None:
+    gate = CommandGate(HERE, KEY, max_future_ms=5_000)
+    ahead = _command("i" * 16, event_time_ms=10_000, expires_at_ms=70_000)
+    rejected = gate.check(ahead, now_ms=4_000)
+    assert rejected is not None and rejected.status is ActuationStatus.REJECTED
+    assert "ahead of this clock" in rejected.detail and not gate.known(ahead.actuation_id)
+    assert gate.check(_command("j" * 16, event_time_ms=8_000, expires_at_ms=68_000),
+                      now_ms=4_000) is None  # within the bound
+
+
+def test_a_full_memory_refuses_rather_than_forgets_an_unexpired_id() -> None:
+    gate = CommandGate(HERE, KEY, remember=2, max_future_ms=0)
+    assert gate.check(_command("k" * 16), now_ms=2_000) is None
+    assert gate.check(_command("l" * 16), now_ms=2_000) is None
+    full = gate.check(_command("m" * 16), now_ms=2_000)
+    assert full is not None and "replay memory full" in full.detail
+    assert gate.check(_command("k" * 16), now_ms=2_000).duplicate  # not forgotten
+    later = _command("n" * 16, event_time_ms=61_000, expires_at_ms=120_000)
+    assert gate.check(later, now_ms=61_000) is None  # the expired ids made room
