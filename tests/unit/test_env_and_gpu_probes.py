@@ -51,7 +51,7 @@ def test_wrapper_reports_length_return_and_how_each_episode_ended() -> None:
     limited = EpisodeReporter(gym.wrappers.TimeLimit(CorridorEnv(wall_at=99), 6), sink=probe,
                               reason_fn=lambda obs, _info: f"stopped_at_{obs}")
     _run_episodes(limited, 1)
-    probe._flush_once()
+    probe.flush()
     episodes = transport.samples("episode")
     assert [(e.length, e.reward) for e in episodes] == [(4, 2.0)] * 3 + [(6, 3.0)]
     assert [e.termination_reason for e in episodes] == ["hit_wall_east"] * 3 + ["stopped_at_6"]
@@ -73,7 +73,7 @@ def test_nvml_sampler_reads_every_field_and_degrades_per_field() -> None:
     assert sampler.open() and sampler.sample_once() == 2
     sampler.stop()
     assert nvml.shut_down
-    probe._flush_once()
+    probe.flush()
     first, second = transport.samples("gpu")
     assert first.gpu_uuid == "GPU-00000000-aaaa-bbbb" and first.gpu_model == "NVIDIA H200"
     assert (first.memory_used_bytes, first.memory_total_bytes) == (1 << 30, 80 << 30)
@@ -117,7 +117,7 @@ def test_sb3_callback_reports_episodes_and_optimizer_steps() -> None:
     model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=1, seed=0, device="cpu")
     model.learn(total_timesteps=256, callback=DsecCallback(probe=probe))
     assert not probe.watching  # the callback unhooks what it hooked
-    probe._flush_once()
+    probe.flush()
     episodes = transport.samples("episode")
     steps = transport.samples("step")
     assert episodes and sum(e.length for e in episodes) <= 256

@@ -28,7 +28,7 @@ def _setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, Probe, RecordingTr
 
 
 def _step_samples(probe: Probe, transport: RecordingTransport) -> list:
-    probe._flush_once()
+    probe.flush()
     return [s for batch in transport.batches() for s in batch.rows() if s.kind == "step"]
 
 
@@ -103,7 +103,7 @@ def test_micro_step_samples_feed_the_norm_window_but_do_not_count_as_steps() -> 
             _backward(model, inputs, factor)
         optimizer.step()
         optimizer.zero_grad()
-    probe._flush_once()
+    probe.flush()
     (batch,) = transport.batches()
     frame = batch_frames(batch)["step"]
     out: dict[str, float] = {}

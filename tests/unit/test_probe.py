@@ -1,4 +1,5 @@
-"""The probe's buffering and encoding, against a transport that records what it is given."""
+"""The probe put together, against a transport that records what it is given and a clock
+the test moves."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ import time
 
 import pytest
 import torch
-from recording import IDENTITY, RecordingTransport
+from recording import RecordingTransport
+from recording import manual_probe as _probe
 
-from dsec.ingest import Probe, ProbeConfig
-from dsec.ingest.probe import URGENT_GAP_S
-
-
-def _probe(transport: RecordingTransport, **config: object) -> Probe:
-    defaults = {"flush_interval_s": 60, "heartbeat_interval_s": 3600,  # flushed by hand
-                "step_sample_every_n_steps": 1}
-    return Probe(IDENTITY, "metrics", transport, ProbeConfig(**{**defaults, **config}))
+from dsec.ingest import Probe
+from dsec.ingest.clock import ManualClock, SystemClock
+from dsec.ingest.flush_thread import URGENT_GAP_S
 
 
 def test_samples_become_one_valid_batch_per_flush() -> None:
@@ -25,8 +22,8 @@ def test_samples_become_one_valid_batch_per_flush() -> None:
     for index in range(5):
         probe.record_episode(float(index), 10 + index, termination_reason="pole_fell")
     probe.record_step(loss=0.25, grad_norm=2.0)
-    probe._flush_once()
-    probe._flush_once()  # nothing new: no empty message
+    probe.flush()
+    probe.flush()  # nothing new: no empty message
     batches = transport.batches()
     assert len(batches) == 1
     kinds = [s.kind for s in batches[0].rows()]
@@ -39,15 +36,17 @@ def test_samples_become_one_valid_batch_per_flush() -> None:
 def test_full_buffer_drops_are_counted_exactly_and_reported() -> None:
     transport = RecordingTransport()
     transport.accepting = False
-    probe = _probe(transport, buffer_max_samples=10)
+    clock = ManualClock()
+    probe = _probe(transport, clock, buffer_max_samples=10)
     for index in range(25):
         probe.record_episode(float(index), 1)
-    probe._flush_once()  # refused: kept in the buffer
+    probe.flush()  # refused: kept in the buffer
     counters = probe.counters()
     assert counters.samples_dropped == 15
     assert counters.samples_buffered == 10
     transport.accepting = True
-    probe._flush_once(force_heartbeat=True)
+    clock.advance(probe.config.heartbeat_interval_s)  # a heartbeat is due
+    probe.flush()
     transport.poll()
     samples = [s for batch in transport.batches() for s in batch.rows()]
     heartbeat = next(s for s in samples if s.kind == "heartbeat")
@@ -62,7 +61,7 @@ def test_failed_deliveries_count_as_dropped() -> None:
     probe = _probe(transport)
     probe.record_episode(1.0, 1)
     probe.record_episode(2.0, 1)
-    probe._flush_once()
+    probe.flush()
     transport.poll()
     counters = probe.counters()
     assert counters.samples_dropped == 2 and counters.messages_failed == 1
@@ -86,7 +85,7 @@ def test_watched_optimizer_reports_grad_norm_and_nonfinite_loss() -> None:
             torch.stack([g.norm() for g in grads]))))
         probe.note_loss(loss if step < 2 else loss * float("nan"))
         optimizer.step()
-    probe._flush_once()
+    probe.flush()
     steps = [s for s in transport.batches()[0].rows() if s.kind == "step"]
     assert [s.step for s in steps] == [0, 1, 2]
     assert [s.grad_norm for s in steps] == pytest.approx(expected_norms, rel=1e-5)
@@ -105,7 +104,7 @@ def test_grad_norm_sampling_every_n_steps() -> None:
         optimizer.zero_grad()
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
-    probe._flush_once()
+    probe.flush()
     norms = [s.grad_norm for s in transport.batches()[0].rows() if s.kind == "step"]
     assert [n is not None for n in norms] == [True, False, True, False]
 
@@ -131,12 +130,13 @@ def test_step_callbacks_wait_for_a_wake_and_cost_the_steps_between_nothing() -> 
         probe.record_step()
     probe.record_episode(1.0, 1)
     assert runs == []  # samples and episodes alone do not run them
-    threading.Thread(target=probe.wake).start()  # as a command's arrival does
-    time.sleep(0.05)
+    waker = threading.Thread(target=probe.wake)  # as a command's arrival does
+    waker.start()
+    waker.join()
     probe.record_step()
     probe.record_step()
     assert runs == [6]  # the first boundary after the wake, once
-    probe._flush_once()  # the flusher wakes them once a flush interval
+    probe.flush()  # the flusher wakes them once a flush interval
     probe.record_episode(1.0, 1)
     assert runs == [6, 7]
 
@@ -156,7 +156,7 @@ def test_a_nonfinite_loss_between_samples_is_reported_when_every_loss_is_checked
         # a loss that overflowed once, its gradients finite
         probe.note_loss(loss * float("nan") if step == 3 else loss)
         optimizer.step()
-    probe._flush_once()
+    probe.flush()
     steps = {s.step: s for s in transport.samples("step")}
     assert sorted(steps) == [0, 3, 10]  # step 3 was not due: the flusher read its NaN
     assert steps[3].loss_nonfinite and steps[3].grad_norm is None
@@ -171,7 +171,7 @@ def test_by_default_loss_tensors_between_samples_are_not_read_but_numbers_are() 
     for step in range(12):
         loss = {3: torch.tensor(nan), 5: nan, 10: torch.tensor(nan)}.get(step, 0.5)
         probe.record_step(loss=loss)
-    probe._flush_once()
+    probe.flush()
     steps = {s.step: s for s in transport.samples("step")}
     # the tensor at 3 is not read (no device read on the training thread); the number at 5
     # makes its step a sample; the tensor at 10 is a sample's and is read by the flusher
@@ -199,7 +199,7 @@ def test_a_nonfinite_number_noted_between_samples_makes_a_sample_with_its_norm()
     transport = RecordingTransport()
     probe = _probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
     _watched_steps(probe, 12, lambda step, loss: float("inf") if step == 4 else loss)
-    probe._flush_once()
+    probe.flush()
     steps = {s.step: s for s in transport.samples("step")}
     assert sorted(steps) == [0, 4, 10]
     assert steps[4].loss_nonfinite and steps[4].grad_norm is not None
@@ -218,7 +218,7 @@ def test_a_nonfinite_number_on_a_step_right_after_a_wake_is_still_a_sample() -> 
             unwatched.wake()
         unwatched.record_step(loss=float("nan") if step == 4 else 0.5)
     for probe, recorded in ((watched, transport), (unwatched, unwatched_transport)):
-        probe._flush_once()
+        probe.flush()
         steps = {s.step: s for s in recorded.samples("step")}
         assert sorted(steps) == [0, 4]
         assert steps[4].loss_nonfinite
@@ -231,7 +231,7 @@ def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_reported_when_
     for step in range(12):
         probe.record_step(loss=float("nan") if step == 3 else 0.5)  # dsec.report_step(loss)
     probe.record_step(loss=torch.tensor(float("inf")))
-    probe._flush_once()
+    probe.flush()
     steps = {s.step: s for s in transport.samples("step")}
     assert sorted(steps) == [0, 3, 10, 12]  # 3 and 12 were not due: their losses made them
     assert steps[3].loss_nonfinite and steps[12].loss_nonfinite
@@ -239,36 +239,27 @@ def test_a_nonfinite_loss_of_an_unwatched_loop_between_samples_is_reported_when_
     probe.shutdown()
 
 
-def _wait_for(condition, timeout_s: float = 5.0) -> bool:
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
 def test_a_nonfinite_sample_is_sent_at_once_and_a_nan_storm_is_not_a_message_per_step() -> None:
     """Routine samples wait for the flush interval (60 s here); a NaN/Inf one is sent
     without waiting, and a loss that is NaN on every step gets at most one early flush per
     ``URGENT_GAP_S``."""
     transport = RecordingTransport()
-    probe = _probe(transport, step_sample_every_n_steps=10)
+    probe = _probe(transport, SystemClock(), step_sample_every_n_steps=10)  # a real thread
     probe.start()
     try:
         for _ in range(5):
             probe.record_step(loss=0.5)
-        time.sleep(0.1)
-        assert not transport.messages  # routine: waits for the interval
+        assert not transport.wait_for_messages(1, timeout_s=0.1)  # routine: waits
         probe.record_step(loss=float("nan"))
-        assert _wait_for(lambda: any(s.loss_nonfinite for s in transport.samples("step")))
+        assert transport.wait_for_messages(1, timeout_s=5)
+        assert any(s.loss_nonfinite for s in transport.samples("step"))
         sent = len(transport.messages)
         started_s = time.monotonic()
         while time.monotonic() - started_s < 0.2:  # a NaN every step, every 1 ms
             probe.record_step(loss=float("inf"))
             time.sleep(0.001)
         elapsed_s = time.monotonic() - started_s
-        assert _wait_for(lambda: len(transport.messages) > sent)
+        assert transport.wait_for_messages(sent + 1, timeout_s=5)
         early = len(transport.messages) - sent
         assert early <= elapsed_s / URGENT_GAP_S + 2
     finally:

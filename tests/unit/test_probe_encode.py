@@ -72,8 +72,8 @@ def test_probe_messages_validate_and_carry_every_sample(size: int) -> None:
         probe.record_step(loss=torch.tensor(float("nan") if index == 1 else 0.5),
                           grad_norm=torch.tensor(2.0))
         probe.record_episode(float(index), 10)
-    probe._flush_once()
-    probe._flush_once()
+    probe.flush()
+    probe.flush()
     (value,) = [value for _topic, _key, value in transport.messages]
     batch = decode(value, MetricBatch)
     steps = [s for s in batch.rows() if s.kind == "step"]
@@ -87,12 +87,16 @@ def test_message_ids_are_distinct_and_share_the_probe_prefix() -> None:
     probe = manual_probe(transport)
     for _ in range(3):
         probe.record_step(loss=0.5)
-        probe._flush_once()
+        probe.flush()
     ids = [orjson.loads(value)["event_id"] for _topic, _key, value in transport.messages]
     assert len(set(ids)) == 3 and len({event_id[:16] for event_id in ids}) == 1
     assert all(len(event_id) == 32 for event_id in ids)
-    other = manual_probe(RecordingTransport())
-    assert other._id_prefix != probe._id_prefix
+    other_transport = RecordingTransport()
+    other = manual_probe(other_transport)
+    other.record_step(loss=0.5)
+    other.flush()
+    (other_id,) = [orjson.loads(value)["event_id"] for _, _, value in other_transport.messages]
+    assert other_id[:16] != ids[0][:16]
 
 
 def test_nonfinite_flags_of_tensors_numbers_and_mixed_shapes() -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from recording import RecordingTransport, manual_probe
 
+from dsec.ingest.clock import ManualClock
 from dsec.ingest.sampling import SpacedWork, budget_interval_steps, smoothed
 
 
@@ -31,50 +30,33 @@ def test_smoothing_starts_at_the_first_value_and_follows() -> None:
     assert smoothed(4.0, 9.0, weight=0.2) == pytest.approx(5.0)
 
 
-class FakeClock:
-    """The probe's ``time`` module with a ``perf_counter`` the test moves: steps and norms
-    take exactly as long as the test says, however loaded the machine is."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-        self.monotonic = time.monotonic
-
-    def perf_counter(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
-def _train(probe, steps: int, step_s: float, clock: FakeClock | None = None) -> None:
+def _train(probe, steps: int, step_s: float, clock: ManualClock) -> None:
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     probe.watch(optimizer)
     for _ in range(steps):
         optimizer.zero_grad()
         model(torch.randn(2, 3)).sum().backward()
-        if clock is None:
-            time.sleep(step_s)
-        else:
-            clock.advance(step_s)
+        clock.advance(step_s)
         optimizer.step()
 
 
 def test_a_costly_norm_is_taken_less_often_and_a_cheap_one_more(monkeypatch) -> None:
-    clock = FakeClock()
-    monkeypatch.setattr("dsec.ingest.probe.time", clock)
+    """Steps and norms take exactly as long as the test says, on a clock only it moves,
+    however loaded the machine is."""
+    clock = ManualClock()
 
     def slow_norm(optimizer):
         clock.advance(0.004)
         return torch.tensor(1.0)
 
-    monkeypatch.setattr("dsec.ingest.probe.total_grad_norm", slow_norm)
+    monkeypatch.setattr("dsec.ingest.optimizer_hooks.total_grad_norm", slow_norm)
     transport = RecordingTransport()
-    probe = manual_probe(transport, step_sample_every_n_steps=1000,
+    probe = manual_probe(transport, clock, step_sample_every_n_steps=1000,
                          grad_norm_budget_fraction=0.05, grad_norm_max_interval_steps=30)
     assert probe.grad_norm_interval_steps == 10  # until measured
     _train(probe, 200, 0.001, clock)
-    probe._flush_once()
+    probe.flush()
     normed = [s.step for s in transport.samples("step") if s.grad_norm is not None]
     # 4 ms against ~1 ms steps within 5 %: one norm in ~80 steps, held to one in 30
     assert probe.grad_norm_interval_steps == 30
@@ -84,8 +66,8 @@ def test_a_costly_norm_is_taken_less_often_and_a_cheap_one_more(monkeypatch) -> 
         clock.advance(2e-6)
         return torch.tensor(1.0)
 
-    monkeypatch.setattr("dsec.ingest.probe.total_grad_norm", quick_norm)
-    cheap = manual_probe(RecordingTransport(), step_sample_every_n_steps=1000,
+    monkeypatch.setattr("dsec.ingest.optimizer_hooks.total_grad_norm", quick_norm)
+    cheap = manual_probe(RecordingTransport(), clock, step_sample_every_n_steps=1000,
                          grad_norm_budget_fraction=0.05)
     _train(cheap, 60, 0.002, clock)
     assert cheap.grad_norm_interval_steps == 1  # microseconds against 2 ms steps
@@ -95,33 +77,38 @@ def test_a_set_interval_is_kept_whatever_the_norm_costs(monkeypatch) -> None:
     monkeypatch.setattr("dsec.ingest.sampling.budget_interval_steps",
                         lambda *args: pytest.fail("a set interval is not respaced"))
     transport = RecordingTransport()
-    probe = manual_probe(transport, step_sample_every_n_steps=1000, grad_norm_every_n_steps=3)
-    _train(probe, 10, 0.0)
-    probe._flush_once()
+    clock = ManualClock()
+    probe = manual_probe(transport, clock, step_sample_every_n_steps=1000,
+                         grad_norm_every_n_steps=3)
+    _train(probe, 10, 0.001, clock)
+    probe.flush()
     assert [s.step for s in transport.samples("step")] == [0, 3, 6, 9]
     assert probe.grad_norm_interval_steps == 3
 
 
-def test_a_costly_step_sample_is_taken_less_often(monkeypatch) -> None:
-    def slow_now_ms() -> int:
-        time.sleep(0.004)
-        return 1_700_000_000_000
+class SlowSampleClock(ManualClock):
+    """Every event time read costs 4 ms: a step sample reads one."""
 
-    monkeypatch.setattr("dsec.ingest.probe.now_ms", slow_now_ms)
+    def now_ms(self) -> int:
+        self.advance(0.004)
+        return super().now_ms()
+
+
+def test_a_costly_step_sample_is_taken_less_often() -> None:
+    clock = SlowSampleClock()
     transport = RecordingTransport()
-    probe = manual_probe(transport, step_sample_every_n_steps=None,
+    probe = manual_probe(transport, clock, step_sample_every_n_steps=None,
                          step_sample_budget_fraction=0.05, step_sample_max_interval_steps=30,
                          grad_norm_every_n_steps=1000)
     assert probe.step_sample_interval_steps == 10  # until measured
     for _ in range(200):
-        time.sleep(0.001)
+        clock.advance(0.001)
         probe.record_step()
-    probe._flush_once()
+    probe.flush()
     sampled = [s.step for s in transport.samples("step")]
     # 4 ms a sample against ~1 ms steps within 5 %: one in ~80 steps, held to one in 30
     assert probe.step_sample_interval_steps == 30
     assert sampled[:3] == [0, 10, 20] and sampled[-1] - sampled[-2] == 30
-
 
 
 def test_spaced_work_follows_its_cost_and_keeps_a_set_interval() -> None:

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from recording import RecordingTransport, manual_probe
 
 from dsec.ingest import ProbeConfig
+from dsec.ingest.clock import ManualClock
 from dsec.ingest.cuda_memory import CudaMemoryCollector, fragmentation_ratio, memory_fields
 from dsec.ingest.grad_sync import GradSyncTimer, instrument_all_reduce, timed_comm_hook
 from dsec.ingest.loop import StepScope
@@ -31,7 +32,7 @@ def test_norm_from_the_trainer_is_reused_not_recomputed() -> None:
     probe.watch(optimizer)
     _train_steps(probe, optimizer, model, 2, clip=1e-6)  # clipped: post-clip norm is ~1e-6
     _train_steps(probe, optimizer, model, 1)
-    probe._flush_once()
+    probe.flush()
     steps = transport.samples("step")
     assert [s.grad_norm_source for s in steps] == ["trainer", "trainer", "probe"]
     assert steps[0].grad_norm > 1e-3  # the pre-clip total norm, as clip_grad_norm_ returns it
@@ -42,7 +43,7 @@ def test_large_backlog_goes_out_in_bounded_messages() -> None:
     probe = manual_probe(transport, max_samples_per_message=4)
     for index in range(10):
         probe.record_episode(float(index), 1)
-    probe._flush_once()
+    probe.flush()
     assert [len(b.rows()) for b in transport.batches()] == [4, 4, 2]
     transport.poll()
     assert probe.counters().samples_sent == 10
@@ -60,7 +61,7 @@ def test_unsendable_chunk_is_counted_and_the_rest_goes_on() -> None:
     probe = manual_probe(transport, max_samples_per_message=3)
     for index in range(5):
         probe.record_episode(float(index), 1)
-    probe._flush_once()
+    probe.flush()
     transport.poll()
     counters = probe.counters()
     assert (counters.samples_dropped, counters.samples_sent, counters.messages_failed) == (3, 2, 1)
@@ -76,7 +77,7 @@ def test_nonfinite_gradients_are_flagged() -> None:
     optimizer.zero_grad()
     (model(torch.randn(2, 3)).sum() * float("inf")).backward()
     optimizer.step()
-    probe._flush_once()
+    probe.flush()
     (step,) = transport.samples("step")
     assert step.grad_nonfinite and step.grad_norm is None
 
@@ -84,15 +85,18 @@ def test_nonfinite_gradients_are_flagged() -> None:
 def test_heartbeat_accounts_for_every_sample_itself_included() -> None:
     transport = RecordingTransport()
     transport.accepting = False
-    probe = manual_probe(transport, buffer_max_samples=5)
+    clock = ManualClock()
+    probe = manual_probe(transport, clock, buffer_max_samples=5)
     for index in range(8):
         probe.record_episode(float(index), 1)
-    probe._flush_once(force_heartbeat=True)  # full: the heartbeat is dropped, and counted
+    clock.advance(probe.config.heartbeat_interval_s)
+    probe.flush()  # full: the heartbeat is dropped, and counted
     counters = probe.counters()
     assert counters.samples_recorded == 9
     assert counters.samples_dropped == 4 and counters.samples_buffered == 5
     transport.accepting = True
-    probe._flush_once(force_heartbeat=True)
+    clock.advance(probe.config.heartbeat_interval_s)
+    probe.flush()
     transport.poll()
     counters = probe.counters()
     assert counters.samples_recorded == counters.samples_sent + counters.samples_dropped
@@ -195,7 +199,7 @@ def test_cuda_memory_fields_and_collector_without_a_gpu() -> None:
     collector()
     collector._device_index = 1  # as bind_device would on a GPU worker
     collector()
-    probe._flush_once()
+    probe.flush()
     (sample,) = transport.samples("cuda_memory")
     assert sample.device_index == 1 and sample.reserved_bytes == 4 << 30
 
@@ -221,7 +225,7 @@ def test_step_scope_records_once_with_or_without_a_watched_optimizer() -> None:
         optimizer.step()
     with pytest.raises(ValueError), StepScope(lambda: probe):
         raise ValueError("bad batch")
-    probe._flush_once()
+    probe.flush()
     steps = transport.samples("step")
     assert [s.step for s in steps] == [0, 1, 2]
     assert [s.loss for s in steps[:2]] == [0.5, 0.25]
@@ -242,7 +246,9 @@ def test_config_precedence_argument_then_environment_then_default(monkeypatch) -
 
 def test_default_sampling_records_every_tenth_step_with_its_mean_step_time() -> None:
     transport = RecordingTransport()
-    probe = manual_probe(transport, step_sample_every_n_steps=10, grad_norm_every_n_steps=10)
+    clock = ManualClock()
+    probe = manual_probe(transport, clock, step_sample_every_n_steps=10,
+                         grad_norm_every_n_steps=10)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe.watch(optimizer)
@@ -251,12 +257,14 @@ def test_default_sampling_records_every_tenth_step_with_its_mean_step_time() -> 
         loss = model(torch.randn(2, 3)).sum()
         loss.backward()
         probe.note_loss(loss)
+        clock.advance(0.003)
         optimizer.step()
-    probe._flush_once()
+    probe.flush()
     steps = transport.samples("step")
     assert [s.step for s in steps] == [0, 10, 20] and probe.global_step == 25
     assert all(s.grad_norm is not None and s.loss is not None for s in steps)
-    assert steps[0].step_time_ms is None and steps[1].step_time_ms > 0
+    assert steps[0].step_time_ms is None
+    assert [s.step_time_ms for s in steps[1:]] == pytest.approx([3.0, 3.0])
 
 
 def test_gradients_the_norm_cannot_read_never_break_the_step(monkeypatch) -> None:
@@ -273,7 +281,7 @@ def test_gradients_the_norm_cannot_read_never_break_the_step(monkeypatch) -> Non
     monkeypatch.setattr(torch, "_foreach_norm", unreadable)
     model(torch.randn(2, 3)).sum().backward()
     optimizer.step()
-    probe._flush_once()
+    probe.flush()
     (step,) = transport.samples("step")
     assert step.grad_norm is None and probe.global_step == 1
     assert not torch.equal(model.weight, before)  # the step itself happened
