@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer
 
 from dsec.actuators.apply_hooks import ApplyHooks
 from dsec.actuators.command_source import CommandSource, dead_letters_to
@@ -58,9 +61,11 @@ class InProcessActuator:
         on_command: Callable[[], None] = lambda: None,
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
         dead_letters_topic: str | None = None,
+        consumer_factory: Callable[[dict], Any] = Consumer,
     ) -> None:
         """``on_command`` is called (on the consumer's thread) after a command is queued for
-        ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it."""
+        ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it.
+        ``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in tests."""
         self.identity = identity
         self.hooks = hooks
         self._results = ResultPublisher(results_topic, publish, service=SERVICE)
@@ -75,7 +80,7 @@ class InProcessActuator:
             consumer_config, keys=lambda: (identity.node_id,), take=self._queue_if_addressed,
             undecodable=self._pipeline.undecodable,
             dead_letter=dead_letters_to(dead_letters_topic, publish, SERVICE),
-            service=SERVICE, thread_name="dsec-actuator")
+            service=SERVICE, thread_name="dsec-actuator", consumer_factory=consumer_factory)
 
     @property
     def results(self) -> dict[ActuationStatus, int]:

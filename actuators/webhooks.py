@@ -18,6 +18,9 @@ import logging
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer
 
 from dsec.actuators.command_source import CommandSource, dead_letters_to
 from dsec.actuators.gate import AddressedTo, CommandGate
@@ -108,7 +111,10 @@ class WebhookForwarder:
         metrics: ProcessMetrics | None = None,
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
         dead_letters_topic: str | None = None,
+        consumer_factory: Callable[[dict], Any] = Consumer,
     ) -> None:
+        """``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in
+        tests."""
         metrics = metrics or ProcessMetrics()
         metrics.add_health_check("webhook-forwarder", self.health)
         self._registry = registry
@@ -125,7 +131,8 @@ class WebhookForwarder:
             consumer_config, keys=self._registered_nodes, take=self._pipeline.handle,
             undecodable=self._pipeline.undecodable,
             dead_letter=dead_letters_to(dead_letters_topic, publish, SERVICE),
-            service=SERVICE, thread_name="dsec-webhooks", metrics=metrics)
+            service=SERVICE, thread_name="dsec-webhooks", metrics=metrics,
+            consumer_factory=consumer_factory)
         self._started = False
 
     @property
