@@ -5,20 +5,18 @@ command is applied once, and a replay of it is not applied again."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from helpers import wait_for
 from starlette.testclient import TestClient
+from webhook_server import RecordingWebhook
 
 from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerChannel
 from dsec.actuators.pipeline import DUPLICATE_DETAIL
@@ -88,40 +86,20 @@ class Results:
         self._consumer.close()
 
 
-class Webhook:
-    """A runtime's webhook on loopback: records each command posted and when it came."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[int, ActuationCommand]] = []
-        received = self.received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((now_ms(), decode(body, ActuationCommand)))
-                answer = json.dumps({"status": "applied", "detail": "taken"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
+class Webhook(RecordingWebhook):
     def posts_of(self, actuation_id: str) -> list[int]:
-        return [at for at, command in self.received if command.actuation_id == actuation_id]
+        """When each command with ``actuation_id`` was posted (epoch ms)."""
+        return [at_ms for at_ms, body in self.received
+                if decode(body, ActuationCommand).actuation_id == actuation_id]
 
 
 @pytest.fixture
 def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
+    hook = Webhook(b'{"status": "applied", "detail": "taken"}')
     try:
         yield hook
     finally:
-        hook.server.shutdown()
+        hook.close()
 
 
 def test_a_genuine_webhook_command_outlasts_a_flood_of_forgeries(settings, webhook) -> None:
@@ -140,7 +118,7 @@ def test_a_genuine_webhook_command_outlasts_a_flood_of_forgeries(settings, webho
                 "runtime_id": runtime.worker_id, "runtime_type": "dify", "concurrency": 4,
                 "mean_call_latency_ms": 100.0, "function_calling": True,
                 "job_id": runtime.job_id, "node_id": runtime.node_id,
-                "webhook_url": f"http://127.0.0.1:{webhook.server.server_port}/dsec"})
+                "webhook_url": webhook.url})
         assert registered.status_code == 201, registered.text
 
         def warmed_up() -> bool:

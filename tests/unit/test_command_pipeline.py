@@ -177,6 +177,17 @@ def _source(log: InMemoryLog, take, keys=("n0",), letters: list | None = None,
         service="test", thread_name="test-commands", consumer_factory=log.consumer)
 
 
+def _run_until_committed(running, log: InMemoryLog, group: str, offset: int) -> None:
+    """Starts ``running`` (a source or what owns one) and stops it once ``offset`` of the
+    actuation topic is committed."""
+    running.start()
+    try:
+        wait_for(lambda: log.committed.get((group, "actuations", 0)) == offset, SAFETY_S,
+                 0.01, what=f"offset {offset} committed")
+    finally:
+        running.stop()
+
+
 def test_the_source_decodes_only_what_is_keyed_to_its_nodes() -> None:
     log = InMemoryLog()
     mine, theirs = _command(), _command(target=HERE.model_copy(update={"node_id": "n1"}))
@@ -187,12 +198,7 @@ def test_the_source_decodes_only_what_is_keyed_to_its_nodes() -> None:
     taken: list[ActuationCommand] = []
     undecodable: list = []
     source = _source(log, taken.append, letters=undecodable)
-    source.start()
-    try:
-        wait_for(lambda: log.committed.get(("g", "actuations", 0)) == 52, SAFETY_S, 0.01,
-                 what="the batch committed")
-    finally:
-        source.stop()
+    _run_until_committed(source, log, "g", 52)
     assert taken == [mine] and undecodable == [] and source.passed_over == 51
 
 
@@ -210,12 +216,7 @@ def test_a_command_whose_handling_raised_is_dead_lettered_and_no_other_is_taken_
             raise RuntimeError("the applier broke")
 
     source = _source(log, take, letters=letters)
-    source.start()
-    try:
-        wait_for(lambda: log.committed.get(("g", "actuations", 0)) == 4, SAFETY_S, 0.01,
-                 what="the batch committed")
-    finally:
-        source.stop()
+    _run_until_committed(source, log, "g", 4)
     assert taken == [c.actuation_id for c in commands]
     assert len(letters) == 1 and letters[0][0] == 1 and "the applier broke" in letters[0][1]
     assert source.loop.stats.dead_lettered == 1
@@ -282,12 +283,7 @@ def test_the_webhook_forwarder_outlasts_a_flood_of_forgeries_without_committing_
         registry, "j", {"group.id": "webhooks"}, "actuations", "results", KEY,
         results.publish, 5.0, lambda _url, body, _t: posted.append(body) or (200, b""),
         consumer_factory=log.consumer)
-    forwarder.start()
-    try:
-        wait_for(lambda: log.committed.get(("webhooks", "actuations", 0)) == 3001, SAFETY_S,
-                 0.01, what="every message committed")
-    finally:
-        forwarder.stop()
+    _run_until_committed(forwarder, log, "webhooks", 3001)
     assert [decode(body, ActuationCommand).actuation_id for body in posted] == [
         genuine.actuation_id]
     assert ("applied", "delivered to webhook") in results.statuses(genuine.actuation_id)
