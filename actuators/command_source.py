@@ -38,8 +38,9 @@ RESTART_MAX_DELAY_S = 5.0  # a node started before its topic exists finds it soo
 
 
 def dead_letters_to(topic: str | None, publish: Publish, service: str) -> DeadLetter:
-    """A dead-letter callback that publishes to ``topic`` (None: logged only; the loop
-    counts it either way)."""
+    """A dead-letter callback that publishes to ``topic`` through the actuator's own
+    ``publish``, as its results are (handed to the producer, not waited for); None: logged
+    only. The loop counts it either way."""
     def dead_letter(message: Message, reason: str) -> None:
         if topic is None:
             log.error("%s: no dead-letter topic for %s@%d:%d: %s", service, message.topic(),

@@ -146,10 +146,6 @@ class WebhookForwarder:
         self._started = True
         self._source.start()
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Whether the forwarder has joined its group and holds partitions."""
-        return self._source.wait_ready(timeout_s)
-
     def health(self) -> str | None:
         if not self._started:
             return "the webhook forwarder's consumer is not running"
