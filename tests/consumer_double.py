@@ -43,12 +43,16 @@ class InMemoryLog:
     """Topics as lists of partitions of values, and the groups' committed offsets."""
 
     topics: dict[str, list[list[bytes | None]]] = field(default_factory=dict)
+    keys: dict[tuple[str, int, int], bytes] = field(default_factory=dict)
     committed: dict[tuple[str, str, int], int] = field(default_factory=dict)
     commits: list[dict[tuple[str, int], int]] = field(default_factory=list)
 
     def append(self, topic: str, value: bytes | None, partition: int = 0,
-               partitions: int = 1) -> None:
-        self.topics.setdefault(topic, [[] for _ in range(partitions)])[partition].append(value)
+               partitions: int = 1, key: bytes | None = None) -> None:
+        values = self.topics.setdefault(topic, [[] for _ in range(partitions)])[partition]
+        if key is not None:
+            self.keys[(topic, partition, len(values))] = key
+        values.append(value)
 
     def consumer(self, config: dict) -> InMemoryConsumer:
         """A ``consumer_factory`` for ``ConsumerLoop``."""
@@ -103,10 +107,15 @@ class InMemoryConsumer:
         for (topic, partition), position in self._positions.items():
             values = self._log.topics[topic][partition]
             taken = values[position:position + num_messages - len(batch)]
-            batch += [InMemoryMessage(topic, partition, position + n, value)
+            batch += [InMemoryMessage(topic, partition, position + n, value,
+                                      self._log.keys.get((topic, partition, position + n)))
                       for n, value in enumerate(taken)]
             self._positions[(topic, partition)] = position + len(taken)
         return batch
+
+    def poll(self, timeout: float) -> InMemoryMessage | None:
+        polled = self.consume(1, timeout)
+        return polled[0] if polled else None
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
         self._log.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
