@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -106,6 +107,8 @@ class InMemoryConsumer:
             batch += [InMemoryMessage(topic, partition, position + n, value)
                       for n, value in enumerate(taken)]
             self._positions[(topic, partition)] = position + len(taken)
+        if not batch:
+            time.sleep(timeout)  # as the client waits for messages that are not there
         return batch
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
