@@ -60,7 +60,7 @@ EVENTS_OUT = MetricSpec(
 EVENTS_DEAD_LETTERED = MetricSpec(
     "dsec_events_dead_lettered_total", "counter",
     "Messages sent to the dead-letter topic, by service and reason class "
-    "(empty, not_json, invalid; the sink: store_rejected).",
+    "(empty, not_json, invalid; the sink: store_rejected, unpreparable).",
     ("service", "reason"))
 CONSUMER_LAG = MetricSpec(
     "dsec_consumer_lag_messages", "gauge",
