@@ -26,13 +26,13 @@ from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
-from dsec.schemas import DeadLetter
+from dsec.infra.records import Record
 from dsec.schemas.settings import DsecSettings
 
 __all__ = [
     "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
     "QuietWorker", "StreamT", "Table", "TopicT", "check_faust_internals", "committed_offsets",
-    "dead_letter_for", "fetch_topic_metadata", "make_faust_app", "publish",
+    "fetch_topic_metadata", "make_faust_app", "publish", "record_of",
     "seek_to_committed_or_reset", "watch_faust_app",
 ]
 
@@ -438,10 +438,8 @@ def _flow_state(consumer: Any, tp: Any) -> str:
     return " ".join(f"{key}={value}" for key, value in state.items())
 
 
-def dead_letter_for(event: EventT, reason: str) -> DeadLetter:
-    """The dead letter for a stream event that could not be processed, with its origin."""
+def record_of(event: EventT) -> Record:
+    """A stream event as the stream stages take it: the message and where it came from."""
     message = event.message
-    return DeadLetter.for_message(
-        topic=message.topic, partition=message.partition, offset=message.offset,
-        reason=reason, payload=message.value,
-    )
+    return Record(topic=message.topic, partition=message.partition, offset=message.offset,
+                  key=message.key, value=message.value)

@@ -20,8 +20,8 @@ from dsec.infra.faust_app import (
     StreamT,
     Table,
     TopicT,
-    dead_letter_for,
     fetch_topic_metadata,
+    record_of,
 )
 from dsec.infra.observability.metrics import (
     ACTUATIONS,
@@ -227,7 +227,7 @@ def register_policy_engine(
                     feature = decode(event.value, FeatureEvent)
                 except DecodeError as exc:
                     counters.dead_letters += 1
-                    letter = dead_letter_for(event, exc.reason)
+                    letter = record_of(event).dead_letter(exc.reason)
                     await send_durably(dead_letters, event.message.topic.encode(),
                                        encode(letter))
                     instruments.dead_lettered.labels(SERVICE, dead_letter_reason(exc.reason)).inc()

@@ -12,7 +12,8 @@ import math
 
 from dsec.schemas.frames import Frame
 from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.worker_features import FeatureConfig, State, Update
+from dsec.stream_jobs.worker_features import FeatureConfig, Update
+from dsec.stream_jobs.worker_state import WorkerState
 
 
 def nonfinite_outputs(update: Update) -> list[str]:
@@ -27,7 +28,7 @@ def nonfinite_outputs(update: Update) -> list[str]:
 
 
 def checked_update(
-    state: State, frames: dict[str, Frame], partition: int, offset: int, now_ms: int,
+    state: WorkerState, frames: dict[str, Frame], partition: int, offset: int, now_ms: int,
     config: FeatureConfig, batch_id: str | None = None,
 ) -> tuple[Update, str | None]:
     """``worker_features.update``, and why its outputs cannot be published (None when they
