@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -193,7 +193,7 @@ class MetricsBatch:
         state = result.states.get(worker) or job.states.get(worker) or WorkerState()
         update, problem = finite.checked_update(
             state, frames, record.partition, record.offset, self._batch_ms, job.config,
-            duplicate_key(batch))
+            duplicate_key(batch), batch.identity)
         if problem is not None:
             return self._dead_letter(record, problem)
         if update.skipped:
@@ -201,8 +201,7 @@ class MetricsBatch:
             return None
         if "recovery" in frames:
             result.recovery_times_s.append(frames["recovery"]["recovery_time_s"])
-        result.states[worker] = replace(update.state, identity=batch.identity,
-                                        partition=record.partition)
+        result.states[worker] = update.state
         for contribution in update.gpus:
             self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)
         if not update.features:

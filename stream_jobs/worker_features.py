@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.stream_jobs import stats
@@ -92,13 +93,14 @@ def already_seen(state: WorkerState, partition: int, offset: int) -> bool:
 
 
 def _remember(state: WorkerState, partition: int, offset: int,
-              batch_id: str | None) -> WorkerState:
+              batch_id: str | None) -> tuple[dict[int, list[int]], list[str]]:
+    """The replay memory with this message in it: offsets, batch ids."""
     recent = state.recent_offsets.get(partition, [])
     offsets = {**state.recent_offsets, partition: sorted({*recent, offset})[-RECENT_OFFSETS:]}
     batch_ids = state.recent_batch_ids
     if batch_id is not None:
         batch_ids = [*batch_ids, batch_id][-RECENT_BATCHES:]
-    return replace(state, recent_offsets=offsets, recent_batch_ids=batch_ids)
+    return offsets, batch_ids
 
 
 def update(
@@ -109,32 +111,38 @@ def update(
     now_ms: int,
     config: FeatureConfig,
     batch_id: str | None = None,
+    identity: WorkerIdentity | None = None,
 ) -> Update:
     """``batch_id``: the message's ``duplicate_key``; a batch already counted (the same
-    batch published twice, at two offsets) is skipped, as the sink skips it."""
+    batch published twice, at two offsets) is skipped, as the sink skips it. ``identity``:
+    the worker's, from the message (the state keeps its own where None)."""
     if already_seen(state, partition, offset) or batch_id in state.recent_batch_ids:
         return Update(state=state, skipped=True)
-    state = _remember(state, partition, offset, batch_id)
+    offsets, batch_ids = _remember(state, partition, offset, batch_id)
     out = Update(state=state)
+    episodes, steps, syncs = state.episodes, state.steps, state.syncs
+    gpus, jitter, heartbeat = state.gpus, state.bandwidth_jitter, state.heartbeat
     if "episode" in frames:
-        state = replace(state, episodes=_episodes(state.episodes, frames["episode"], config,
-                                                  out.features))
-        if state.episodes.last_end_reason is not None:
+        episodes = _episodes(episodes, frames["episode"], config, out.features)
+        if episodes.last_end_reason is not None:
             # Where the worker's episodes keep ending, for alerts such as the stuck-episode one.
-            out.tags["episode_end_reason"] = str(state.episodes.last_end_reason)[:128]
+            out.tags["episode_end_reason"] = str(episodes.last_end_reason)[:128]
     if "step" in frames:
-        state = replace(state, steps=_steps(state.steps, frames["step"], config, out.features))
+        steps = _steps(steps, frames["step"], config, out.features)
     if "grad_sync" in frames:
-        state = replace(state, syncs=_syncs(state.syncs, frames["grad_sync"], config,
-                                            out.features))
+        syncs = _syncs(syncs, frames["grad_sync"], config, out.features)
     if "gpu" in frames:
-        state = _gpus(state, frames["gpu"], config, out)
+        gpus, jitter = _gpus(gpus, jitter, episodes.lengths_steps, frames["gpu"], config, out)
     if "heartbeat" in frames:
-        state = replace(state, heartbeat=_heartbeats(frames["heartbeat"], now_ms, out.features))
+        heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
     if "recovery" in frames:
         recoveries = frames["recovery"]["recovery_time_s"]
         out.features["last_recovery_time_s"] = float(recoveries[-1])
-    out.state = state
+    # One record made once: a frozen record is costly to copy field by field per message.
+    out.state = WorkerState(
+        identity=state.identity if identity is None else identity, partition=partition,
+        recent_offsets=offsets, recent_batch_ids=batch_ids, episodes=episodes, steps=steps,
+        syncs=syncs, gpus=gpus, bandwidth_jitter=jitter, heartbeat=heartbeat)
     return out
 
 
@@ -225,14 +233,15 @@ def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
     return new
 
 
-def _gpus(state: WorkerState, frame: Frame, config: FeatureConfig, out: Update) -> WorkerState:
-    lengths = state.episodes.lengths_steps
+def _gpus(gpus: dict[str, GpuState], jitter: float, lengths_steps: list[int], frame: Frame,
+          config: FeatureConfig, out: Update) -> tuple[dict[str, GpuState], float]:
+    """The GPUs' states and the sync bandwidth jitter their profiles carry."""
     regime = (
-        stats.regime_of(float(np.mean(lengths)), config.regime_bounds_steps) if lengths
-        else "short"
+        stats.regime_of(float(np.mean(lengths_steps)), config.regime_bounds_steps)
+        if lengths_steps else "short"
     )
-    gpus = dict(state.gpus)
-    jitter = float(out.features.get("grad_sync_bandwidth_jitter", state.bandwidth_jitter))
+    gpus = dict(gpus)
+    jitter = float(out.features.get("grad_sync_bandwidth_jitter", jitter))
     for uuid in dict.fromkeys(frame["gpu_uuid"].tolist()):
         rows = frame["gpu_uuid"] == uuid
         gpu = _gpu(gpus.get(uuid), frame, rows, regime, config)
@@ -244,7 +253,7 @@ def _gpus(state: WorkerState, frame: Frame, config: FeatureConfig, out: Update) 
             samples=gpu.sample_count,
         ))
         _gpu_features(gpu, frame, rows, out.features)
-    return replace(state, gpus=gpus, bandwidth_jitter=jitter)
+    return gpus, jitter
 
 
 def _gpu(previous: GpuState | None, frame: Frame, rows: np.ndarray, regime: str,

@@ -203,26 +203,53 @@ def _from_dict_of_before(old: dict[str, Any]) -> dict[str, Any]:
 
 class WorkerStateTable(MutableMapping[str, WorkerState]):
     """Worker states by worker id over a table of bytes keyed by the worker id's bytes (as
-    on the metrics topic, so the changelog partition is the one the worker's events are on)."""
+    on the metrics topic, so the changelog partition is the one the worker's events are on).
+
+    The state last written or read for a worker is kept beside its bytes and handed back
+    while the table still holds those very bytes: the job reads each of its workers once a
+    batch, and decoding them all again would cost more than the features of a small batch.
+    The states are frozen, so sharing them is safe."""
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
         self._table = table
+        self._decoded: dict[bytes, tuple[bytes, WorkerState]] = {}
+
+    def _state(self, key: bytes, raw: bytes) -> WorkerState:
+        cached = self._decoded.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        state = WorkerState.from_bytes(raw)
+        self._decoded[key] = (raw, state)
+        return state
 
     def __getitem__(self, worker: str) -> WorkerState:
-        return WorkerState.from_bytes(self._table[worker.encode()])
+        key = worker.encode()
+        return self._state(key, self._table[key])
 
     def get(self, worker: str, default: Any = None) -> Any:  # one lookup, not two
-        raw = self._table.get(worker.encode())
-        return default if raw is None else WorkerState.from_bytes(raw)
+        key = worker.encode()
+        raw = self._table.get(key)
+        if raw is None:
+            self._decoded.pop(key, None)
+            return default
+        return self._state(key, raw)
 
     def __setitem__(self, worker: str, state: WorkerState) -> None:
-        self._table[worker.encode()] = state.to_bytes()
+        key, raw = worker.encode(), state.to_bytes()
+        self._table[key] = raw
+        self._decoded[key] = (raw, state)
 
     def __delitem__(self, worker: str) -> None:
-        del self._table[worker.encode()]
+        key = worker.encode()
+        del self._table[key]
+        self._decoded.pop(key, None)
 
     def __iter__(self) -> Iterator[str]:
-        return (key.decode() for key in list(self._table))
+        keys = list(self._table)
+        # Workers gone from the table (their partition taken away) leave the cache too.
+        for gone in self._decoded.keys() - set(keys):
+            del self._decoded[gone]
+        return (key.decode() for key in keys)
 
     def __len__(self) -> int:
         return len(self._table)
