@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import uvicorn
@@ -45,12 +45,11 @@ class ServedGateway:
 
 
 @contextmanager
-def serving(config: GatewayConfig, publisher: BatchPublisher | None = None,
-            job_id: str = "job-a") -> Iterator[ServedGateway]:
-    """The gateway on ``config.port`` (a free port when 0) until the block ends."""
-    if config.port == 0:
+def serve(gateway: IngestGateway, config: GatewayConfig) -> Iterator[ServedGateway]:
+    """``gateway`` on ``config.port`` when the test chose one, else on a free port (tests
+    run side by side here), until the block ends."""
+    if "port" not in config.model_fields_set or config.port == 0:
         config = config.model_copy(update={"port": free_port()})
-    gateway = IngestGateway(config, RuntimeRegistry(), publisher or RecordingPublisher(), job_id)
     server = uvicorn.Server(uvicorn_config(gateway.app(), config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -64,3 +63,10 @@ def serving(config: GatewayConfig, publisher: BatchPublisher | None = None,
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def serving(config: GatewayConfig, publisher: BatchPublisher | None = None,
+            job_id: str = "job-a") -> AbstractContextManager[ServedGateway]:
+    """A gateway of its own (runtimes in memory) served until the block ends."""
+    gateway = IngestGateway(config, RuntimeRegistry(), publisher or RecordingPublisher(), job_id)
+    return serve(gateway, config)
