@@ -143,3 +143,14 @@ def test_init_refusals_raise_with_the_reason(built, monkeypatch) -> None:
     assert refused.value.code == -1
     with pytest.raises(NativeLibraryError, match="not built"):
         load(LIBRARY.parent / "missing.so")
+
+
+def test_the_per_call_benchmark_measures_both_builds() -> None:
+    from dsec.bench.native import run_native_bench
+
+    result = run_native_bench(calls_per_block=2000, blocks=3)
+    assert result["report_step_ns"] > result["noop_ns"] > 0
+    assert result["cost_ns"] == pytest.approx(result["report_step_ns"] - result["noop_ns"],
+                                              abs=0.2)
+    assert result["samples_dropped"] == 0
+    assert result["samples_sent"] == result["samples_recorded"]
