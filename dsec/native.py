@@ -10,7 +10,7 @@ declared (ctypes needs them for a float)::
 ``native.load()`` gives the ``ctypes.CDLL`` itself, signatures declared.
 """
 
-from dsec.ingest.native import (
+from dsec.ingest.native.library import (
     LIBRARY_NAME,
     NativeCounters,
     NativeLibraryError,

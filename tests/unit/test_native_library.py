@@ -17,7 +17,7 @@ from gateway_server import RecordingPublisher, serving
 from native_build import LIBRARY, TRAIN_PROGRAM, build_library_and_program, make
 
 from dsec.ingest.gateway_config import GatewayConfig
-from dsec.ingest.native import NativeLibraryError, NativeProbe, load
+from dsec.native import NativeLibraryError, NativeProbe, load
 from dsec.schemas import MetricBatch
 
 TOKEN = "enrolment-token"

@@ -175,16 +175,20 @@ static void put_heartbeat(dsec_buf *out, const dsec_heartbeat *h)
     dsec_buf_double(out, h->interval_s);
     dsec_buf_puts(out, "],\"step\":[");
     dsec_buf_int(out, h->step);
-    dsec_buf_puts(out, "],\"samples_sent\":[");
-    dsec_buf_uint(out, h->samples_sent);
-    dsec_buf_puts(out, "],\"samples_buffered\":[");
-    dsec_buf_uint(out, h->samples_buffered);
-    dsec_buf_puts(out, "],\"samples_dropped\":[");
-    dsec_buf_uint(out, h->samples_dropped);
-    dsec_buf_puts(out, "],\"samples_recorded\":[");
-    dsec_buf_uint(out, h->samples_recorded);
-    dsec_buf_puts(out, "],\"messages_failed\":[");
-    dsec_buf_uint(out, h->messages_failed);
+    const struct {
+        const char *name;
+        uint64_t value;
+    } counts[] = {
+        {"samples_sent", h->samples_sent},         {"samples_buffered", h->samples_buffered},
+        {"samples_dropped", h->samples_dropped},   {"samples_recorded", h->samples_recorded},
+        {"messages_failed", h->messages_failed},
+    };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        dsec_buf_puts(out, "],\"");
+        dsec_buf_puts(out, counts[i].name);
+        dsec_buf_puts(out, "\":[");
+        dsec_buf_uint(out, counts[i].value);
+    }
     dsec_buf_puts(out, "]}");
 }
 
