@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dsec.schemas import ActionKind
+from dsec.schemas import ActionKind, ActuationStatus
 from dsec.schemas.base import Model
 
 ApplyHook = Callable[[Model], str | None]  # returns a detail for the result, or None
@@ -36,3 +36,12 @@ class ApplyHooks:
         if actuation_id is not None:
             self.in_force[kind] = actuation_id
         return detail
+
+    def try_apply(self, params: Model, actuation_id: str | None = None) -> tuple[
+            ActuationStatus, str]:
+        """``apply`` on the training thread: the hook's failure is its status and detail,
+        never raised into training."""
+        try:
+            return ActuationStatus.APPLIED, self.apply(params, actuation_id)
+        except Exception as exc:
+            return ActuationStatus.FAILED, f"{type(exc).__name__}: {exc}"

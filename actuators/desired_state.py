@@ -35,6 +35,10 @@ class Accepted:
 class OutOfOrder:
     newer_time_ms: int
 
+    def detail(self, command: ActuationCommand) -> str:
+        return (f"out of order: a newer {command.action.kind.value} command "
+                f"(t={self.newer_time_ms}) is already in force")
+
 
 @dataclass
 class DesiredStateBook:

@@ -78,6 +78,10 @@ class CommandGate:
         ``check`` asks again once the signature is verified)."""
         return self._addressed(command.target)
 
+    def addresses(self, target: WorkerIdentity) -> bool:
+        """Whether ``target`` is one of this gate's."""
+        return self._addressed(target)
+
     def known(self, actuation_id: str) -> bool:
         """Whether a verified command with this id has passed the gate (and is remembered)."""
         with self._lock:

@@ -1,8 +1,13 @@
 """Delivers actuation commands addressed to registered runtimes to their webhooks.
 
-The gateway stands in for the node actuator of runtimes that cannot consume Kafka: it
-checks each command as an actuator would (target, signature, expiry, duplicates), POSTs
-it as JSON, and publishes the runtime's answer as the actuation result. A runtime answers
+The gateway stands in for the node actuator of runtimes that cannot consume Kafka. Its
+``CommandSource`` reads only the messages keyed to the nodes its runtimes registered
+with (every runtime on ``external`` unless it named a node), as a consumer-group member
+committing once a batch is handled, so a flood of commands for other nodes costs a key
+comparison each and a flood for its own nodes costs a decode and a signature check each,
+never a commit. Each command goes through the ``CommandPipeline``: the gate (addressed
+to a registered runtime, signature, expiry, duplicates), then ``WebhookPoster``, which
+POSTs it as JSON and reads the runtime's answer as the actuation result. A runtime answers
 2xx, optionally with ``{"status": "applied" | "failed" | "rejected", "detail": "..."}``.
 """
 
@@ -10,41 +15,28 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer
 
-from dsec.actuators.gate import CommandGate
-from dsec.infra.observability.kafka import ConsumerLag
-from dsec.infra.observability.metrics import (
-    ACTUATIONS,
-    EVENTS_IN,
-    EVENTS_OUT,
-    ProcessMetrics,
-    action_label,
-)
+from dsec.actuators.command_source import CommandSource, dead_letters_to
+from dsec.actuators.gate import AddressedTo, CommandGate
+from dsec.actuators.pipeline import Applier, CommandPipeline, Outcome
+from dsec.actuators.results import DETAIL_MAX_CHARS, Publish, ResultPublisher
+from dsec.infra.consumer_loop import ConsumerLoopConfig
+from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.runtime_registry import RuntimeRegistry
-from dsec.schemas import (
-    ActuationCommand,
-    ActuationResult,
-    ActuationStatus,
-    DecodeError,
-    RuntimeRegistration,
-    WorkerIdentity,
-    decode,
-    encode,
-    now_ms,
-)
+from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity, encode
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[str, bytes, bytes], None]  # (topic, key, value)
 PostJson = Callable[[str, bytes, float], tuple[int, bytes]]  # (url, body, timeout_s)
 SERVICE = "ingest-gateway"
+POLL_TIMEOUT_S = 0.2
 _ANSWERS = {"applied": ActuationStatus.APPLIED, "failed": ActuationStatus.FAILED,
             "rejected": ActuationStatus.REJECTED}
 
@@ -71,7 +63,37 @@ def answer_status(http_status: int, body: bytes) -> tuple[ActuationStatus, str]:
     if not isinstance(answer, dict):
         answer = {}
     status = _ANSWERS.get(str(answer.get("status", "applied")), ActuationStatus.APPLIED)
-    return status, str(answer.get("detail", "delivered to webhook"))[:2048]
+    return status, str(answer.get("detail", "delivered to webhook"))[:DETAIL_MAX_CHARS]
+
+
+def registered_runtime(registry: RuntimeRegistry, default_job_id: str) -> AddressedTo:
+    """Commands for a runtime registered now, under the identity it registered with."""
+    def addressed(target: WorkerIdentity) -> bool:
+        registration = registry.get(target.worker_id)
+        return registration is not None and registration.identity(default_job_id) == target
+    return addressed
+
+
+class WebhookPoster(Applier):
+    """POSTs a command to its runtime's webhook; the answer is the command's outcome."""
+
+    def __init__(self, registry: RuntimeRegistry, post: PostJson, timeout_s: float) -> None:
+        self._registry = registry
+        self._post = post
+        self._timeout_s = timeout_s
+        self.delivered = 0
+
+    def apply(self, command: ActuationCommand) -> Outcome:
+        registration = self._registry.get(command.target.worker_id)
+        if registration is None or registration.webhook_url is None:
+            return Outcome(ActuationStatus.REJECTED, "the runtime registered no webhook")
+        try:
+            http_status, body = self._post(str(registration.webhook_url), encode(command),
+                                           self._timeout_s)
+        except Exception as exc:  # an unreachable webhook is a failed actuation, not a crash
+            return Outcome(ActuationStatus.FAILED, f"webhook unreachable: {exc}")
+        self.delivered += 1
+        return Outcome(*answer_status(http_status, body))
 
 
 class WebhookForwarder:
@@ -88,107 +110,51 @@ class WebhookForwarder:
         post: PostJson = post_json,
         metrics: ProcessMetrics | None = None,
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
+        dead_letters_topic: str | None = None,
+        consumer_factory: Callable[[dict], Any] = Consumer,
     ) -> None:
-        self._registry = registry
-        self._default_job_id = default_job_id
+        """``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in
+        tests."""
         metrics = metrics or ProcessMetrics()
-        lag = ConsumerLag(metrics, SERVICE)
-        self._consumer_config = {**consumer_config, "enable.auto.commit": False,
-                                 **lag.client_config()}
-        self._commands_in = metrics.counter(EVENTS_IN).labels(SERVICE, actuations_topic)
-        self._results_out = metrics.counter(EVENTS_OUT).labels(SERVICE, results_topic)
-        self._actuations = metrics.counter(ACTUATIONS)
         metrics.add_health_check("webhook-forwarder", self.health)
-        self._actuations_topic = actuations_topic
-        self._results_topic = results_topic
-        self._signing_key = signing_key
-        self._publish = publish
-        self._timeout_s = timeout_s
-        self._post = post
-        self._max_future_ms = max_future_ms
-        self._gates: dict[str, CommandGate] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.delivered = 0
+        self._registry = registry
+        self._poster = WebhookPoster(registry, post, timeout_s)
+        self._pipeline = CommandPipeline(
+            CommandGate(None, signing_key, addressed=registered_runtime(registry, default_job_id),
+                        max_future_ms=max_future_ms),
+            self._poster, ResultPublisher(results_topic, publish, service=SERVICE,
+                                          metrics=metrics))
+        self._source = CommandSource(
+            ConsumerLoopConfig((actuations_topic,),
+                               str(consumer_config.get("group.id", "dsec-gateway-webhooks")),
+                               poll_timeout_s=POLL_TIMEOUT_S, return_on_first=True),
+            consumer_config, keys=self._registered_nodes, take=self._pipeline.handle,
+            undecodable=self._pipeline.undecodable,
+            dead_letter=dead_letters_to(dead_letters_topic, publish, SERVICE),
+            service=SERVICE, thread_name="dsec-webhooks", metrics=metrics,
+            consumer_factory=consumer_factory)
+        self._started = False
+
+    @property
+    def delivered(self) -> int:
+        return self._poster.delivered
+
+    def _registered_nodes(self) -> set[str]:
+        return {registration.node_id for registration in self._registry.all()}
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dsec-webhooks", daemon=True)
-        self._thread.start()
+        self._started = True
+        self._source.start()
 
     def health(self) -> str | None:
-        if self._thread is None or not self._thread.is_alive():
+        if not self._started:
             return "the webhook forwarder's consumer is not running"
-        return None
+        return self._source.down()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def _run(self) -> None:
-        consumer = Consumer(self._consumer_config)
-        consumer.subscribe([self._actuations_topic])
-        try:
-            while not self._stop.is_set():
-                message = consumer.poll(0.2)
-                if message is None:
-                    continue
-                if message.error():
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("dsec webhooks: %s", message.error())
-                    continue
-                self._commands_in.inc()
-                self.handle(message.value())
-                consumer.commit(message=message, asynchronous=False)
-        except Exception:
-            log.exception("dsec webhooks: consumer stopped")
-        finally:
-            consumer.close()
-
-    def _identity(self, registration: RuntimeRegistration) -> WorkerIdentity:
-        return WorkerIdentity(job_id=registration.job_id or self._default_job_id,
-                              worker_id=registration.runtime_id, node_id=registration.node_id)
+        self._source.stop()
 
     def handle(self, value: bytes | None) -> ActuationStatus | None:
-        """One command off the topic; None when it is not for a registered runtime."""
-        try:
-            command = decode(value, ActuationCommand)
-        except DecodeError as exc:
-            log.warning("dsec webhooks: undecodable command: %s", exc.reason)
-            return None
-        registration = self._registry.get(command.target.worker_id)
-        if registration is None:
-            return None
-        identity = self._identity(registration)
-        gate = self._gates.get(registration.runtime_id)
-        if gate is None:
-            gate = CommandGate(identity, self._signing_key, max_future_ms=self._max_future_ms)
-            self._gates[registration.runtime_id] = gate
-        if not gate.addressed_here(command):
-            return None
-        rejection = gate.check(command, now_ms())
-        if rejection is not None:
-            if rejection.duplicate or not gate.reportable(command, rejection):
-                return None
-            status, detail = rejection.status, rejection.detail
-        elif registration.webhook_url is None:
-            status, detail = ActuationStatus.REJECTED, "the runtime registered no webhook"
-        else:
-            try:
-                http_status, body = self._post(
-                    str(registration.webhook_url), encode(command), self._timeout_s
-                )
-                status, detail = answer_status(http_status, body)
-                self.delivered += 1
-            except Exception as exc:  # an unreachable webhook is a failed actuation, not a crash
-                status, detail = ActuationStatus.FAILED, f"webhook unreachable: {exc}"
-        result = ActuationResult(
-            actuation_id=command.actuation_id, identity=identity,
-            action_kind=command.action.kind.value, status=status, detail=detail[:2048],
-            command_time_ms=command.event_time_ms,
-        )
-        self._publish(self._results_topic, identity.node_id.encode(), encode(result))
-        self._actuations.labels(SERVICE, action_label(result.action_kind), status.value).inc()
-        self._results_out.inc()
-        return status
+        """One command off the topic (its key aside); None when nothing is reported: not
+        for a registered runtime, or a duplicate."""
+        return self._source.receive(value)

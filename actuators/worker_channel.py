@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import socket
 import threading
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from dsec.actuators.channel import (
     encode_frame,
     read_frame,
 )
+from dsec.actuators.step_queue import StepBoundaryQueue
 from dsec.schemas import ActuationStatus, WorkerIdentity
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,7 @@ class WorkerChannel:
         self.path = path
         self.hooks = hooks
         self._reconnect_interval_s = reconnect_interval_s
-        self._on_command = on_command
-        self._inbox: queue.SimpleQueue[Apply] = queue.SimpleQueue()
+        self._inbox: StepBoundaryQueue[Apply] = StepBoundaryQueue(on_command)
         self._unsent: list[Answer] = []
         self._max_unsent = max_unsent
         self.answers_dropped = 0
@@ -92,7 +91,6 @@ class WorkerChannel:
                     frame = read_frame(sock)
                     if isinstance(frame, Apply):
                         self._inbox.put(frame)
-                        self._on_command()
             except (ChannelError, OSError) as exc:
                 if not self._stop.is_set():
                     log.debug("dsec worker channel: %s", exc)
@@ -105,14 +103,7 @@ class WorkerChannel:
 
     def apply_pending(self) -> int:
         """Applies queued commands; call on the training thread at a step boundary."""
-        handled = 0
-        while True:
-            try:
-                frame = self._inbox.get_nowait()
-            except queue.Empty:
-                return handled
-            handled += 1
-            self._apply(frame)
+        return self._inbox.drain(self._apply)
 
     def _apply(self, frame: Apply) -> None:
         if frame.actuation_id in self._seen and not frame.replay:
@@ -120,11 +111,7 @@ class WorkerChannel:
         self._seen[frame.actuation_id] = None
         if len(self._seen) > self._remember:
             self._seen.popitem(last=False)
-        try:
-            detail = self.hooks.apply(frame.action, frame.actuation_id)
-            status = ActuationStatus.APPLIED
-        except Exception as exc:  # reported, never raised into training
-            detail, status = f"{type(exc).__name__}: {exc}", ActuationStatus.FAILED
+        status, detail = self.hooks.try_apply(frame.action, frame.actuation_id)
         self.results[status] += 1
         self._send(Answer(actuation_id=frame.actuation_id, status=status,
                           detail=detail[:2048], replay=frame.replay))

@@ -162,6 +162,7 @@ class WorkerRuntime:
                 publish=self.probe.publish,
                 on_command=self.probe.wake,
                 max_future_ms=settings.command_max_future_ms(),
+                dead_letters_topic=topics.dead_letters,
             )
             self.probe.add_step_callback(self.actuator.apply_pending)
 

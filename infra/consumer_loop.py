@@ -7,7 +7,10 @@ watched for liveness, and stops cleanly: what is durable is committed, the clien
 
 No input ends the loop. When ``prepare`` or ``write`` raises on a batch, the batch's
 messages are tried again one at a time, and a message that still fails goes to the
-caller's dead-letter callback with the reason, is counted, and the loop goes on.
+caller's dead-letter callback with the reason, is counted, and the loop goes on. A writer
+whose output cannot be written twice (a command applied, a webhook called) handles each
+message on its own and raises ``FailedMessages`` naming the ones that failed: those are
+dead-lettered, and nothing of the batch is tried again.
 Only ``OutputUnavailable`` (the output cannot be made durable now, whatever the input),
 a dead-letter callback that raises, or the client itself ends the loop, with nothing of
 the failed batch committed: a new loop (``LoopSupervisor`` starts one) is handed it again.
@@ -15,16 +18,19 @@ the failed batch committed: a new loop (``LoopSupervisor`` starts one) is handed
 Public API:
 
 - ``ConsumerLoopConfig``: topics, group, how partitions are taken (group ``subscribe`` or
-  ``assign`` of every partition), where they start, batch size, poll timeout, whether to
-  commit, whether to stop at the end offsets seen at assignment (a bounded read).
+  ``assign`` of every partition), where they start (the committed offset, the beginning,
+  or the end as of assignment), batch size, poll timeout, whether a round ends at the
+  first message, whether to commit, whether to stop at the end offsets seen at assignment
+  (a bounded read).
 - ``BatchWriter``: ``write(batch)`` returns once the batch's output is durable;
   ``prepare(messages)`` (optional) turns polled messages into that batch.
 - ``DeadLetter`` callback: ``(message, reason) -> None``, returning once the dead letter
   is durable.
 - ``OutputUnavailable``: what a writer raises when the fault is not in the input.
+- ``FailedMessages``: what a writer raises when it handled a batch but for some messages.
 - ``ConsumerLoop(config, client_config, writer, dead_letter, ...)``: ``run`` (blocking),
-  ``stop``, ``down`` (for health checks), ``stats``, ``lag_by_partition``,
-  ``end_offsets``.
+  ``stop``, ``down`` (for health checks), ``wait_assigned``, ``stats``,
+  ``lag_by_partition``, ``end_offsets``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class Start(Enum):
 
     COMMITTED = "committed"  # the group's committed offset (else ``auto.offset.reset``)
     BEGINNING = "beginning"
+    # The end as read when the partitions are taken, so that what is produced once the loop
+    # has its partitions (``wait_assigned``) is read, and nothing before.
+    END = "end"
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,10 @@ class ConsumerLoopConfig:
     """``assign``: take every partition of ``topics`` (no group rebalancing) instead of
     subscribing. ``until_end``: ``run`` returns once every partition reached the end it had
     at assignment (needs ``assign``). ``overlap_writes``: the next batch is polled and
-    prepared while the one before is written, on a thread of its own."""
+    prepared while the one before is written, on a thread of its own. ``return_on_first``:
+    a round ends as soon as one message has come, with what has been fetched already
+    beside it, rather than once the batch is full or ``poll_timeout_s`` has passed: for a
+    consumer whose latency matters more than the size of its batches."""
 
     topics: tuple[str, ...]
     group_id: str
@@ -85,6 +97,7 @@ class ConsumerLoopConfig:
     until_end: bool = False
     commit: bool = True
     overlap_writes: bool = False
+    return_on_first: bool = False
     lag_interval_s: float = 5.0
     stalled_after_s: float = 120.0
     metadata_timeout_s: float = 30.0
@@ -102,6 +115,15 @@ class ConsumerLoopConfig:
 class OutputUnavailable(Exception):
     """The output cannot be made durable now for a reason not in the input (a store or a
     broker gone): the loop ends without dead-lettering or committing the batch."""
+
+
+class FailedMessages(Exception):
+    """The batch was handled but for ``failures`` (each message with why it failed): the
+    loop dead-letters those and tries none of the batch again."""
+
+    def __init__(self, failures: Sequence[tuple[Message, str]]) -> None:
+        super().__init__(f"{len(failures)} message(s) of the batch failed")
+        self.failures = list(failures)
 
 
 class TopicMissing(LookupError):
@@ -195,6 +217,7 @@ class ConsumerLoop(Generic[Batch]):
         self._durable: dict[PartitionKey, int] = {}  # next offsets written, not committed
         self._next: dict[PartitionKey, int] = {}  # next offsets handed to the writer
         self._lag_due_s = 0.0
+        self._assigned = threading.Event()
 
     @property
     def stop_event(self) -> threading.Event:
@@ -203,6 +226,11 @@ class ConsumerLoop(Generic[Batch]):
     def stop(self) -> None:
         """Asks ``run`` to finish: it commits what is durable and closes the client."""
         self._stop.set()
+
+    def wait_assigned(self, timeout_s: float) -> bool:
+        """Waits until this run has taken its partitions (placed where they start); True
+        once it has."""
+        return self._assigned.wait(timeout_s)
 
     def down(self) -> str | None:
         """None while the loop comes round, else why it is not healthy."""
@@ -218,6 +246,7 @@ class ConsumerLoop(Generic[Batch]):
         passed first. Raises what ends the loop otherwise (see the module docstring)."""
         deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         self.last_round_s = None
+        self._assigned.clear()
         self._pending, self._durable, self._next = None, {}, {}
         consumer = self._factory(dict(self._client_config))
         self._consumer = consumer
@@ -247,9 +276,7 @@ class ConsumerLoop(Generic[Batch]):
                 return True
             if deadline_s is not None and self.last_round_s > deadline_s:
                 return False
-            polled = consumer.consume(self.config.batch_max_messages,
-                                      self.config.poll_timeout_s)
-            messages = self._usable(polled or [])
+            messages = self._usable(self._poll(consumer))
             self._report_lag(consumer)
             if not messages:
                 if self._pending is not None and self._pending.future.done():
@@ -265,6 +292,16 @@ class ConsumerLoop(Generic[Batch]):
                 self._submit(pool, messages)
             self._commit()
         return True
+
+    def _poll(self, consumer: Any) -> list[Message]:
+        size, timeout_s = self.config.batch_max_messages, self.config.poll_timeout_s
+        if not self.config.return_on_first:
+            return consumer.consume(size, timeout_s) or []
+        # consume() waits for a full batch or the timeout; poll() returns with the first.
+        first = consumer.poll(timeout_s)
+        if first is None:
+            return []
+        return [first, *(consumer.consume(size - 1, 0) if size > 1 else [])]
 
     def _usable(self, polled: list[Message]) -> list[Message]:
         """The polled messages to write: client errors logged and left out, and past the
@@ -309,6 +346,8 @@ class ConsumerLoop(Generic[Batch]):
             pending.future.result()
         except OutputUnavailable:
             raise
+        except FailedMessages as failed:
+            self._dead_letter_each(failed)
         except Exception as exc:
             log.warning("%s: a batch could not be written (%s); one message at a time",
                         self._service, failure_reason(exc))
@@ -320,9 +359,11 @@ class ConsumerLoop(Generic[Batch]):
             self._writer.write(self._writer.prepare(messages))
         except OutputUnavailable:
             raise
+        except FailedMessages as failed:
+            self._dead_letter_each(failed)
         except Exception as exc:
             if len(messages) == 1:
-                self._send_to_dead_letters(messages[0], exc)
+                self._send_to_dead_letters(messages[0], failure_reason(exc))
                 return
             log.warning("%s: a batch could not be written (%s); one message at a time",
                         self._service, failure_reason(exc))
@@ -334,11 +375,17 @@ class ConsumerLoop(Generic[Batch]):
                 self._writer.write(self._writer.prepare([message]))
             except OutputUnavailable:
                 raise
+            except FailedMessages as failed:
+                self._dead_letter_each(failed)
             except Exception as exc:
-                self._send_to_dead_letters(message, exc)
+                self._send_to_dead_letters(message, failure_reason(exc))
 
-    def _send_to_dead_letters(self, message: Message, exc: Exception) -> None:
-        reason = f"{self._service} could not handle it: {failure_reason(exc)}"
+    def _dead_letter_each(self, failed: FailedMessages) -> None:
+        for message, why in failed.failures:
+            self._send_to_dead_letters(message, why)
+
+    def _send_to_dead_letters(self, message: Message, why: str) -> None:
+        reason = f"{self._service} could not handle it: {why}"
         log.warning("%s: %s@%d:%d dead-lettered: %s", self._service, message.topic(),
                     message.partition(), message.offset(), reason)
         self._dead_letter(message, reason)
@@ -379,25 +426,38 @@ class ConsumerLoop(Generic[Batch]):
             if metadata is None or metadata.error is not None:
                 raise TopicMissing(topic)
             partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
-        self._place(partitions)
+        self._place(consumer, partitions)
         if self.config.until_end:
             self._read_end_offsets(consumer, partitions)
         consumer.assign(partitions)
+        self._assigned.set()
 
-    def _place(self, partitions: list[TopicPartition]) -> None:
+    def _place(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         stored = dict(self._starting_offsets(partitions)) if self._starting_offsets else {}
+        unplaced = [tp for tp in partitions if (tp.topic, tp.partition) not in stored]
+        if self.config.start is Start.END:
+            stored.update({key: high for key, (_low, high)
+                           in self._watermarks(consumer, unplaced).items()})
         default = OFFSET_BEGINNING if self.config.start is Start.BEGINNING else OFFSET_STORED
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), default)
 
     def _read_end_offsets(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """The end of each partition now, asked again while the broker answers with an
-        error (a loaded single broker briefly reports no leader)."""
+        for key, (low, high) in self._watermarks(consumer, partitions).items():
+            self.end_offsets[key] = high
+            if high <= low:
+                self._next[key] = high
+
+    def _watermarks(self, consumer: Any, partitions: list[TopicPartition]) -> dict[
+            PartitionKey, tuple[int, int]]:
+        """The low and high offsets of each partition now, asked again while the broker
+        answers with an error (a loaded single broker briefly reports no leader)."""
         deadline_s = time.monotonic() + self.config.metadata_timeout_s
+        marks = {}
         for tp in partitions:
             while True:
                 try:
-                    low, high = consumer.get_watermark_offsets(
+                    marks[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(
                         TopicPartition(tp.topic, tp.partition),
                         timeout=self.config.metadata_timeout_s)
                     break
@@ -405,9 +465,7 @@ class ConsumerLoop(Generic[Batch]):
                     if time.monotonic() > deadline_s:
                         raise
                     time.sleep(1.0)
-            self.end_offsets[(tp.topic, tp.partition)] = high
-            if high <= low:
-                self._next[(tp.topic, tp.partition)] = high
+        return marks
 
     def _at_end(self, consumer: Any) -> bool:
         positions = consumer.position([TopicPartition(t, p) for t, p in self.end_offsets])
@@ -416,8 +474,9 @@ class ConsumerLoop(Generic[Batch]):
                    for key, end in self.end_offsets.items())
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._place(partitions)
+        self._place(consumer, partitions)
         consumer.assign(partitions)
+        self._assigned.set()
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         """What is durable is committed while the partitions are still this loop's."""

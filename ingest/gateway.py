@@ -214,11 +214,7 @@ class IngestGateway:
         await asyncio.to_thread(self._registry.flush)
 
     def _identity(self, registration: RuntimeRegistration) -> WorkerIdentity:
-        return WorkerIdentity(
-            job_id=registration.job_id or self._default_job_id,
-            worker_id=registration.runtime_id,
-            node_id=registration.node_id,
-        )
+        return registration.identity(self._default_job_id)
 
     async def _check_webhook(self, registration: RuntimeRegistration) -> None:
         if registration.webhook_url is None:

@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, OFFSET_STORED, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    TIMESTAMP_CREATE_TIME,
+    TopicPartition,
+)
 
 
 @dataclass
@@ -18,6 +25,7 @@ class InMemoryMessage:
     _offset: int
     _value: bytes | None
     _key: bytes | None = None
+    _timestamp_ms: int = 0
 
     def error(self) -> None:
         return None
@@ -37,18 +45,29 @@ class InMemoryMessage:
     def key(self) -> bytes | None:
         return self._key
 
+    def timestamp(self) -> tuple[int, int]:
+        return TIMESTAMP_CREATE_TIME, self._timestamp_ms
+
 
 @dataclass
 class InMemoryLog:
     """Topics as lists of partitions of values, and the groups' committed offsets."""
 
     topics: dict[str, list[list[bytes | None]]] = field(default_factory=dict)
+    keys: dict[tuple[str, int, int], bytes] = field(default_factory=dict)
     committed: dict[tuple[str, str, int], int] = field(default_factory=dict)
     commits: list[dict[tuple[str, int], int]] = field(default_factory=list)
+    timestamps_ms: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
     def append(self, topic: str, value: bytes | None, partition: int = 0,
-               partitions: int = 1) -> None:
-        self.topics.setdefault(topic, [[] for _ in range(partitions)])[partition].append(value)
+               partitions: int = 1, key: bytes | None = None,
+               timestamp_ms: int = 0) -> None:
+        """``timestamp_ms``: the message's CreateTime."""
+        values = self.topics.setdefault(topic, [[] for _ in range(partitions)])[partition]
+        if key is not None:
+            self.keys[(topic, partition, len(values))] = key
+        self.timestamps_ms[(topic, partition, len(values))] = timestamp_ms
+        values.append(value)
 
     def consumer(self, config: dict) -> InMemoryConsumer:
         """A ``consumer_factory`` for ``ConsumerLoop``."""
@@ -103,10 +122,19 @@ class InMemoryConsumer:
         for (topic, partition), position in self._positions.items():
             values = self._log.topics[topic][partition]
             taken = values[position:position + num_messages - len(batch)]
-            batch += [InMemoryMessage(topic, partition, position + n, value)
+            batch += [InMemoryMessage(topic, partition, position + n, value,
+                                      self._log.keys.get((topic, partition, position + n)),
+                                      self._log.timestamps_ms.get(
+                                          (topic, partition, position + n), 0))
                       for n, value in enumerate(taken)]
             self._positions[(topic, partition)] = position + len(taken)
+        if not batch:
+            time.sleep(timeout)  # as the client waits for messages that are not there
         return batch
+
+    def poll(self, timeout: float) -> InMemoryMessage | None:
+        polled = self.consume(1, timeout)
+        return polled[0] if polled else None
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
         self._log.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})

@@ -49,6 +49,7 @@ def actuator_command(
             results_topic=topics.actuation_results,
             signing_key=settings.signing_key_bytes(),
             max_future_ms=settings.command_max_future_ms(),
+            dead_letters_topic=topics.dead_letters,
         ),
         # One group per node and installation: two installations (topic prefixes) on one
         # Kafka never share a node's group.

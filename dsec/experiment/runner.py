@@ -123,69 +123,12 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
     publish_policy(settings, sign(spec, settings.signing_key_bytes()))
 
 
-def _end_offset(consumer, partition, timeout_s: float = 60.0) -> int:
-    """The partition's end offset, asked again for up to ``timeout_s`` while the broker
-    answers with an error (a loaded single broker briefly reports no leader)."""
-    from confluent_kafka import KafkaException
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=30)[1]
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-
-
-def _count_decisions(settings, t0: float) -> tuple[dict[str, int], list[dict]]:
-    """The policy engine's decisions by ``policy:kind``, and when each decision to act
-    (fired, or dry run) was taken, in seconds from ``t0``, except the periodic snapshot's."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from dsec.infra.kafka_clients import consumer_config
-    from dsec.schemas import PolicyDecision, decode, topic_names
-
-    topic = topic_names(settings.topic_prefix).decisions
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}-experiment-count",
-                                        **{"enable.auto.commit": False}))
-    counts: dict[str, int] = {}
-    timeline: list[dict] = []
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
-        ends = {p.partition: _end_offset(consumer, p) for p in partitions}
-        consumer.assign(partitions)
-        done = {p for p, end in ends.items() if end == 0}
-        deadline = time.monotonic() + 30
-        while len(done) < len(ends) and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            decision = decode(message.value(), PolicyDecision)
-            kind = decision.decision.value
-            if kind not in ("policy_accepted", "policy_deleted", "policy_rejected"):
-                name = f"{decision.policy_name}:{kind}"
-                counts[name] = counts.get(name, 0) + 1
-                if kind in ("fired", "dry_run") and decision.policy_name != "periodic-snapshot":
-                    timeline.append({
-                        "t": round(decision.event_time_ms / 1000.0 - t0, 2),
-                        "policy": decision.policy_name, "decision": kind,
-                        "stage": decision.stage,
-                        "worker": decision.identity.worker_id if decision.identity else None,
-                        "detail": decision.detail[:160]})
-            if message.offset() + 1 >= ends[message.partition()]:
-                done.add(message.partition())
-    finally:
-        consumer.close()
-    return counts, sorted(timeline, key=lambda entry: entry["t"])
-
-
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     """Runs both arms at once; returns ``{"baseline": {...}, "dsec": {...}, ...}``."""
     import torch.distributed as dist
 
     from dsec.actuators.channel import socket_path
+    from dsec.experiment.decisions import count_decisions
     from dsec.infra.kafka_local import LocalKafka
     from dsec.infra.topics import ensure_topics
     from dsec.schemas.settings import DsecSettings
@@ -323,7 +266,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             for spare in spares[arm]:
                 if spare.stdin is not None:
                     spare.stdin.close()
-        decisions = {arm: _count_decisions(settings_by_arm[arm], t0) for arm in ARMS}
+        decisions = {arm: count_decisions(settings_by_arm[arm], t0) for arm in ARMS}
         (run_dir / "exits.json").write_text(json.dumps(exits))
         result: dict = {}
         for arm in ARMS:

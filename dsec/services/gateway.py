@@ -70,6 +70,7 @@ def build_gateway(
             topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
             publish, config.webhook_timeout_s, metrics=metrics,
             max_future_ms=settings.command_max_future_ms(),
+            dead_letters_topic=topics.dead_letters,
         )
     return GatewayService(gateway, registry, publisher, forwarder, results_producer)
 

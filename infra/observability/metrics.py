@@ -60,7 +60,7 @@ EVENTS_OUT = MetricSpec(
 EVENTS_DEAD_LETTERED = MetricSpec(
     "dsec_events_dead_lettered_total", "counter",
     "Messages sent to the dead-letter topic, by service and reason class "
-    "(empty, not_json, invalid; the sink: store_rejected).",
+    "(empty, not_json, invalid; the sink: store_rejected, unpreparable).",
     ("service", "reason"))
 CONSUMER_LAG = MetricSpec(
     "dsec_consumer_lag_messages", "gauge",
@@ -128,8 +128,9 @@ SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
     "policy-engine": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
                       POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, ACTUATIONS),
     "sink": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG),
-    "ingest-gateway": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS, REQUESTS_REJECTED),
-    "node-actuator": (EVENTS_IN, EVENTS_OUT, CONSUMER_LAG, ACTUATIONS),
+    "ingest-gateway": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS,
+                       REQUESTS_REJECTED),
+    "node-actuator": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS),
 }
 
 

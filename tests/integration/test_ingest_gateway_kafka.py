@@ -147,29 +147,11 @@ def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_pat
 
 @pytest.mark.integration
 def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
     from confluent_kafka import Producer
+    from webhook_server import RecordingWebhook
 
-    received: list[bytes] = []
-
-    class Webhook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            body = b'{"status": "applied", "detail": "snapshot taken by the agent"}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Webhook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    registration = {**REGISTRATION, "job_id": settings.job_id,
-                    "webhook_url": f"http://127.0.0.1:{server.server_port}/dsec"}
+    webhook = RecordingWebhook(b'{"status": "applied", "detail": "snapshot taken by the agent"}')
+    registration = {**REGISTRATION, "job_id": settings.job_id, "webhook_url": webhook.url}
     service = build_gateway(settings, GatewayConfig(token=TOKEN, **LOOPBACK)).start()
     topics = topic_names(settings.topic_prefix)
     producer = Producer({"bootstrap.servers": settings.bootstrap})
@@ -179,17 +161,17 @@ def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> Non
         assert client.post("/v1/runtimes", json=registration, headers=AUTH).status_code == 201
         sent: list[str] = []
         deadline = time.monotonic() + 60
-        while not received and time.monotonic() < deadline:  # until the consumer has joined
+        while not webhook.bodies and time.monotonic() < deadline:  # until the consumer joined
             command = _command("dify-agent-7", key, job_id=settings.job_id)
             sent.append(command.actuation_id)
             producer.produce(topics.actuations, key=b"agent-host-1", value=encode(command))
             producer.flush(10)
             time.sleep(1.0)
-        assert received, "no command reached the webhook"
-        assert decode(received[0], ActuationCommand).actuation_id in sent
+        assert webhook.bodies, "no command reached the webhook"
+        assert decode(webhook.bodies[0], ActuationCommand).actuation_id in sent
     finally:
         service.close()
-        server.shutdown()
+        webhook.close()
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": uuid.uuid4().hex,
                          "auto.offset.reset": "earliest"})
     consumer.subscribe([topics.actuation_results])

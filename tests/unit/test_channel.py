@@ -128,7 +128,7 @@ def test_answers_to_snapshots_in_flight_together_are_reported_with_their_command
                            results_topic="r", signing_key=key),
         {}, lambda _topic, _key, value: published.append(orjson.loads(value)))
     connection = _FakeConnection()
-    daemon._connections[("j", "w")] = connection
+    daemon.delivery.register(("j", "w"), connection)
     at = now_ms()
     first, second = (sign(_command(f"snap-{i:03d}", at + i, SnapshotParams()), key)
                      for i in range(2))
@@ -136,9 +136,9 @@ def test_answers_to_snapshots_in_flight_together_are_reported_with_their_command
         daemon.receive(encode(command))
     assert [frame.actuation_id for frame in connection.sent] == ["snap-000", "snap-001"]
     for command in (first, second):
-        daemon._answered(("j", "w"), WORKER, Answer(actuation_id=command.actuation_id,
-                                                    status=ActuationStatus.APPLIED))
+        daemon.delivery.answered(("j", "w"), WORKER, Answer(
+            actuation_id=command.actuation_id, status=ActuationStatus.APPLIED))
     assert [(r["actuation_id"], r["action_kind"], r["status"], r.get("command_time_ms"))
             for r in published] == [("snap-000", "snapshot", "applied", at),
                                     ("snap-001", "snapshot", "applied", at + 1)]
-    assert daemon._book.commands() == []
+    assert daemon.delivery.commands() == []

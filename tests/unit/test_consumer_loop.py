@@ -14,6 +14,7 @@ from dsec.infra.consumer_loop import (
     BatchWriter,
     ConsumerLoop,
     ConsumerLoopConfig,
+    FailedMessages,
     OutputUnavailable,
     Start,
     TopicMissing,
@@ -146,6 +147,64 @@ def test_prepare_failure_is_guarded_per_message() -> None:
         log.committed.clear()
         assert _loop(log, writer, letters, overlap_writes=overlap).run(timeout_s=SAFETY_S)
         assert writer.written == [b"a", b"b"] and [o for o, _ in letters] == [1]
+
+
+class EachOnce(ListWriter):
+    """Handles each message on its own, as a writer with effects that must not be repeated:
+    the poison ones are named in ``FailedMessages``."""
+
+    def __init__(self, stop_after: int) -> None:
+        super().__init__(stop_after=stop_after)
+        self.handled: list[bytes | None] = []
+
+    def write(self, batch: list) -> None:
+        failures = []
+        for message in batch:
+            self.handled.append(message.value())
+            if message.value() == b"poison":
+                failures.append((message, "ValueError: cannot handle poison"))
+            else:
+                super().write([message])
+        if failures:
+            raise FailedMessages(failures)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_failed_messages_are_dead_lettered_and_the_rest_is_not_handled_again(
+        overlap: bool) -> None:
+    log = _log([b"a", b"poison", b"b", b"poison", b"c", b"d"])
+    letters: list = []
+    writer = EachOnce(stop_after=4)
+    loop = _loop(log, writer, letters, batch_max_messages=4, overlap_writes=overlap)
+    assert loop.run(timeout_s=SAFETY_S)
+    assert writer.handled == [b"a", b"poison", b"b", b"poison", b"c", b"d"]
+    assert writer.written == [b"a", b"b", b"c", b"d"]
+    assert [offset for offset, _ in letters] == [1, 3]
+    assert all("cannot handle poison" in reason for _, reason in letters)
+    assert loop.stats.dead_lettered == 2 and log.committed[("g", "t", 0)] == 6
+
+
+def test_an_assigned_loop_from_the_end_reads_only_what_comes_after_assignment() -> None:
+    log = _log([b"old-0", b"old-1"], partitions=2)
+    writer = ListWriter(stop_after=2)
+    loop = _loop(log, writer, assign=True, start=Start.END, commit=False,
+                 return_on_first=True)
+    assert not loop.wait_assigned(0)
+    runner = threading.Thread(target=loop.run, kwargs={"timeout_s": SAFETY_S})
+    runner.start()
+    assert loop.wait_assigned(SAFETY_S)
+    log.append("t", b"new-0", partition=0, partitions=2)
+    log.append("t", b"new-1", partition=1, partitions=2)
+    runner.join(SAFETY_S)
+    assert sorted(writer.written) == [b"new-0", b"new-1"] and log.commits == []
+
+
+def test_a_round_ending_at_the_first_message_still_takes_what_was_fetched() -> None:
+    log = _log([b"%d" % n for n in range(10)])
+    writer = ListWriter(stop_after=10)
+    loop = _loop(log, writer, batch_max_messages=4, return_on_first=True)
+    assert loop.run(timeout_s=SAFETY_S)
+    assert writer.written == [b"%d" % n for n in range(10)] and writer.batches == [4, 4, 2]
 
 
 def test_a_bounded_read_stops_at_the_end_and_commits_nothing() -> None:

@@ -1,0 +1,124 @@
+"""What the sink's writer takes: a consumed batch decoded into what each table receives,
+and the routes from the smaller topics to their tables."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from dsec.infra.store import rows
+from dsec.infra.store.recent_ids import Claim
+from dsec.schemas import (
+    ActuationCommand,
+    ActuationResult,
+    DeadLetter,
+    FeatureEvent,
+    GpuProfileEvent,
+    PolicyDecision,
+)
+from dsec.schemas.topics import TopicNames
+
+log = logging.getLogger(__name__)
+SERVICE = "sink"
+RAW_SCOPE = "raw"  # the deduplication scope and token of metric batches, whatever their kinds
+UNPREPARABLE = "unpreparable"  # the reason class of a message the sink could not prepare
+
+
+@dataclass(frozen=True)
+class TableRoute:
+    table: str
+    columns: list[str]
+    model: type[BaseModel]
+    to_rows: Callable[[Any], list[rows.Row]]
+    id_of: Callable[[Any], str]
+    id_column: str = "event_id"
+
+
+def _event_id(event: Any) -> str:
+    return event.event_id
+
+
+def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
+    return {
+        topics.features: TableRoute(
+            "features", rows.FEATURE_COLUMNS, FeatureEvent, rows.feature_rows, _event_id),
+        topics.gpu_profiles: TableRoute(
+            "gpu_profiles", rows.GPU_PROFILE_COLUMNS, GpuProfileEvent, rows.gpu_profile_rows,
+            _event_id),
+        topics.actuations: TableRoute(
+            "actuations", rows.ACTUATION_COLUMNS, ActuationCommand, rows.actuation_rows,
+            lambda command: command.actuation_id, id_column="actuation_id"),
+        topics.actuation_results: TableRoute(
+            "actuation_results", rows.RESULT_COLUMNS, ActuationResult, rows.result_rows,
+            _event_id),
+        topics.decisions: TableRoute(
+            "policy_decisions", rows.DECISION_COLUMNS, PolicyDecision, rows.decision_rows,
+            _event_id),
+        topics.dead_letters: TableRoute(
+            "dead_letters", rows.DEAD_LETTER_COLUMNS, DeadLetter, rows.dead_letter_rows,
+            _event_id),
+    }
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a stored event came from, to dead-letter it if the store refuses it."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    event_id: str
+    source: Source
+    rows: list[rows.Row]
+
+
+@dataclass
+class PreparedBatch:
+    """A consumed batch, decoded: what each table receives, and where the next one starts.
+    Each table's deduplication token hashes the ids of the events it holds; ``claims`` are
+    the ids this batch holds in the sink's ``RecentIds``."""
+
+    arrow: dict[str, Any] = field(default_factory=dict)
+    events: dict[str, list[StoredEvent]] = field(default_factory=dict)
+    raw_sources: dict[str, Source] = field(default_factory=dict)
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    tokens: dict[str, Any] = field(default_factory=dict)
+    claims: list[Claim] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    unpreparable: int = 0  # of the dead letters, messages the sink could not prepare
+
+    def token(self, table: str) -> Any:
+        return self.tokens.setdefault(table, hashlib.blake2b(digest_size=16))
+
+    def add_dead_letter(self, source: Source, reason: str) -> None:
+        """Published by the writer before the batch's offsets are recorded."""
+        log.warning("sink: %s@%d:%d dead-lettered: %s", source.topic, source.partition,
+                    source.offset, reason)
+        self.dead_letters.append(DeadLetter.for_message(
+            topic=source.topic, partition=source.partition, offset=source.offset,
+            reason=reason, payload=source.value))
+
+
+@dataclass
+class SinkCounters:
+    messages: int = 0
+    samples: int = 0
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+    duplicates_skipped: int = 0
+    undecodable: int = 0
+    insert_retries: int = 0
+    inserts_rejected: int = 0
+    dead_lettered: int = 0
+    dead_letters_unstorable: int = 0
+    unpreparable: int = 0  # messages the sink failed on (dead-lettered, the batch went on)
+    loop_restarts: int = 0
