@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.native import native_command
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
 from dsec.bench.snapshot import snapshot_command
@@ -74,6 +75,7 @@ def reaction(
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 bench_app.command("probe-overhead")(probe_overhead)
+bench_app.command("native")(native_command)
 
 
 @bench_app.command("all")
