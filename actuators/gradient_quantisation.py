@@ -52,8 +52,8 @@ def quantise_rows(rows: Any, bits: int) -> tuple[Any, Any]:
     padded[:, :columns] = rows
     blocks = padded.view(count, blocks_per_row, QUANTISATION_BLOCK)
     scales = blocks.abs().amax(dim=2).clamp_min(torch.finfo(torch.float32).tiny) / levels
-    codes = torch.clamp(torch.round(blocks / scales[..., None]), -levels, levels)
-    codes = (codes.to(torch.int16) + levels).to(torch.uint8).view(count, -1)[:, :columns]
+    codes = blocks.mul_((1.0 / scales)[..., None]).round_().clamp_(-levels, levels)
+    codes = codes.add_(levels).to(torch.uint8).view(count, -1)[:, :columns]
     if bits == 4:
         if columns % 2:
             codes = torch.cat([codes, codes.new_full((count, 1), levels)], dim=1)
@@ -68,8 +68,12 @@ def dequantise_rows(codes: Any, scales: Any, bits: int, columns: int) -> Any:
     levels = quantise_levels(bits)
     if bits == 4:
         codes = torch.stack([codes & 0x0F, codes >> 4], dim=2).view(codes.shape[0], -1)
-    values = codes[:, :columns].to(torch.float32) - levels
-    return values * scales.repeat_interleave(QUANTISATION_BLOCK, dim=1)[:, :columns]
+    count, blocks_per_row = scales.shape
+    padded_columns = blocks_per_row * QUANTISATION_BLOCK
+    values = codes.new_zeros((count, padded_columns), dtype=torch.float32)
+    values[:, :columns] = codes[:, :columns]
+    blocks = values.sub_(levels).view(count, blocks_per_row, QUANTISATION_BLOCK)
+    return blocks.mul_(scales[..., None]).view(count, padded_columns)[:, :columns]
 
 
 def quantise_gradient(values: Any, bits: int) -> tuple[Any, Any]:

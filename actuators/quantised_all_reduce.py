@@ -55,7 +55,7 @@ def _keep_if_finite(residual: Any) -> Any:
     import torch
 
     # No host synchronisation: the choice is made on the device.
-    return torch.where(torch.isfinite(residual).all(), residual, torch.zeros_like(residual))
+    return torch.where(torch.isfinite(residual).all(), residual, 0.0)
 
 
 class QuantisedAllReduce:
@@ -99,7 +99,7 @@ class QuantisedAllReduce:
             padded += residuals.local
         codes, scales = quantise_rows(padded.view(world, columns), bits)
         if residuals is not None:
-            sent = dequantise_rows(codes, scales, bits, columns).view(-1)
+            sent = dequantise_rows(codes, scales, bits, columns).reshape(-1)
             residuals.local = _keep_if_finite(padded - sent)
         outgoing = pack_payload(codes, scales)
         incoming = torch.empty_like(outgoing)
@@ -119,7 +119,7 @@ class QuantisedAllReduce:
             gathered = chunk.new_empty(world * chunk.numel())
             dist.all_gather_into_tensor(gathered, chunk, group=group)
             all_codes, all_scales = unpack_payload(gathered.view(world, -1), bits, columns)
-            averaged = dequantise_rows(all_codes, all_scales, bits, columns).view(-1)
+            averaged = dequantise_rows(all_codes, all_scales, bits, columns).reshape(-1)
             return values.copy_(averaged[:numel].view(values.shape))
 
         future = exchanged.get_future().then(reduce_and_gather)
