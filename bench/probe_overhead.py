@@ -53,7 +53,7 @@ class OverheadOptions:
     local_broker: bool = True
 
 
-class _AcknowledgingTransport:
+class AcknowledgingTransport:
     """Accepts and acknowledges every message at once: the probe's own cost, no client's."""
 
     def __init__(self) -> None:
@@ -161,7 +161,7 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
         runtime = WorkerRuntime(
             settings, WorkerIdentity(job_id="bench", worker_id="bench-0", node_id="bench"),
             config, actuate=False,
-            transport=None if bootstrap else _AcknowledgingTransport(),
+            transport=None if bootstrap else AcknowledgingTransport(),
         ).start()
         probe = runtime.probe
         cleanup.append(runtime.shutdown)
