@@ -51,11 +51,14 @@ class _Residuals:
     reduced: Any  # this rank's averaged chunk: what its re-quantised codes left out
 
 
-def _keep_if_finite(residual: Any) -> Any:
+def _residual(values: Any, codes: Any, scales: Any, bits: int, columns: int) -> Any:
+    """What the codes leave out of ``values`` (overwritten); zeros when a value was not
+    finite, which shows in its block's scale."""
     import torch
 
-    # No host synchronisation: the choice is made on the device.
-    return torch.where(torch.isfinite(residual).all(), residual, 0.0)
+    sent = dequantise_rows(codes, scales, bits, columns).reshape(values.shape)
+    # decided on the device: no host synchronisation in the hook
+    return torch.where(torch.isfinite(scales).all(), values.sub_(sent), 0.0)
 
 
 class QuantisedAllReduce:
@@ -99,8 +102,7 @@ class QuantisedAllReduce:
             padded += residuals.local
         codes, scales = quantise_rows(padded.view(world, columns), bits)
         if residuals is not None:
-            sent = dequantise_rows(codes, scales, bits, columns).reshape(-1)
-            residuals.local = _keep_if_finite(padded - sent)
+            residuals.local = _residual(padded, codes, scales, bits, columns)
         outgoing = pack_payload(codes, scales)
         incoming = torch.empty_like(outgoing)
         exchanged = dist.all_to_all_single(incoming, outgoing, group=group, async_op=True)
@@ -113,8 +115,7 @@ class QuantisedAllReduce:
                 mine += residuals.reduced
             chunk_codes, chunk_scales = quantise_rows(mine.view(1, columns), bits)
             if residuals is not None:
-                kept = dequantise_rows(chunk_codes, chunk_scales, bits, columns)[0]
-                residuals.reduced = _keep_if_finite(mine - kept)
+                residuals.reduced = _residual(mine, chunk_codes, chunk_scales, bits, columns)
             chunk = pack_payload(chunk_codes, chunk_scales).view(-1)
             gathered = chunk.new_empty(world * chunk.numel())
             dist.all_gather_into_tensor(gathered, chunk, group=group)
