@@ -100,6 +100,8 @@ def unpack_payload(payload: Any, bits: int, columns: int) -> tuple[Any, Any]:
     import torch
 
     split = code_bytes(columns, bits)
-    # a copy: a float32 view needs its bytes aligned, which a slice at ``split`` is not
-    scales = payload[:, split:].contiguous().view(torch.float32)
+    # a copy at offset 0: a float32 view needs its bytes aligned, which a slice at
+    # ``split`` need not be (a single row's slice is contiguous, so contiguous() keeps it)
+    scales = payload[:, split:].clone(memory_format=torch.contiguous_format)
+    scales = scales.view(torch.float32)
     return payload[:, :split], scales

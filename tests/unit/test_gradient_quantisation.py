@@ -35,13 +35,15 @@ def test_each_row_is_quantised_on_its_own(bits: int) -> None:
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("columns", [1, 255, 256, 257, 1001])
-def test_payload_rows_carry_codes_and_scales_intact(bits: int, columns: int) -> None:
-    rows = torch.randn(3, columns)
+@pytest.mark.parametrize("columns", [1, 255, 256, 257, 289, 1001])
+@pytest.mark.parametrize("count", [1, 3])  # one row: a group of one, or one chunk gathered
+def test_payload_rows_carry_codes_and_scales_intact(bits: int, columns: int,
+                                                    count: int) -> None:
+    rows = torch.randn(count, columns)
     codes, scales = quantise_rows(rows, bits)
     payload = pack_payload(codes, scales)
     assert payload.dtype == torch.uint8
-    assert payload.shape == (3, payload_bytes(columns, bits))
+    assert payload.shape == (count, payload_bytes(columns, bits))
     got_codes, got_scales = unpack_payload(payload, bits, columns)
     assert torch.equal(got_codes, codes)
     assert torch.equal(got_scales, scales)
