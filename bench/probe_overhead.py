@@ -84,6 +84,21 @@ def reference_model() -> Any:
     )
 
 
+def reference_steps(model: Any, optimizer: Any, inputs: Any, targets: Any, probe: Any,
+                    steps: int) -> None:
+    """``steps`` training steps; a ``probe`` (None: off) is handed every loss and an
+    episode every ``EPISODE_EVERY_N_STEPS`` steps."""
+    for step in range(1, steps + 1):
+        loss = (model(inputs) - targets).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        if probe is not None:
+            probe.note_loss(loss)
+        optimizer.step()
+        if probe is not None and step % EPISODE_EVERY_N_STEPS == 0:
+            probe.record_episode(200.0, EPISODE_EVERY_N_STEPS)
+
+
 def median_ci95(values: list[float]) -> tuple[float, float]:
     """A distribution-free 95 % interval of the median: the order statistics k and n-1-k
     (0-based), k = floor(n/2 - 0.98 sqrt(n)), the normal approximation of the sign test."""
@@ -171,15 +186,8 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
             if probe_on:
                 probe.watch(optimizer)
             cpu_started, wall_started = time.process_time(), time.perf_counter()
-            for step in range(1, steps + 1):
-                loss = (model(inputs) - targets).pow(2).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                if probe_on:
-                    probe.note_loss(loss)
-                optimizer.step()
-                if probe_on and step % EPISODE_EVERY_N_STEPS == 0:
-                    probe.record_episode(200.0, EPISODE_EVERY_N_STEPS)
+            reference_steps(model, optimizer, inputs, targets, probe if probe_on else None,
+                            steps)
             cpu_ms = (time.process_time() - cpu_started) * 1000.0 / steps
             wall_ms = (time.perf_counter() - wall_started) * 1000.0 / steps
             if probe_on:

@@ -11,10 +11,10 @@ from typing import Any
 
 from dsec.bench.gpu_check.outcome import Outcome
 from dsec.bench.probe_overhead import (
-    EPISODE_EVERY_N_STEPS,
     AcknowledgingTransport,
     block_summary,
     reference_model,
+    reference_steps,
 )
 
 
@@ -46,15 +46,7 @@ def run(device: str = "cuda", block_pairs: int = 40, steps_per_block: int = 50,
         if device != "cpu":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        for step in range(1, steps + 1):
-            loss = (model(inputs) - targets).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            if probe_on:
-                probe.note_loss(loss)
-            optimizer.step()
-            if probe_on and step % EPISODE_EVERY_N_STEPS == 0:
-                probe.record_episode(200.0, EPISODE_EVERY_N_STEPS)
+        reference_steps(model, optimizer, inputs, targets, probe if probe_on else None, steps)
         if device != "cpu":
             torch.cuda.synchronize()
         if probe_on:
