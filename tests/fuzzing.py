@@ -9,8 +9,10 @@ the examples with a fresh seed each run; ``dsec bench fuzz`` runs them for a fix
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from dsec.bench.fuzz_targets import prepare
 
@@ -32,6 +34,20 @@ _PROFILE = settings.get_profile("dsec-fuzz-long" if LONG else "dsec-fuzz")
 def fuzz(max_examples: int) -> settings:
     """The profile with ``max_examples`` (twenty times that with ``DSEC_FUZZ=long``)."""
     return settings(_PROFILE, max_examples=max_examples * (20 if LONG else 1))
+
+
+def drawn(strategy: st.SearchStrategy[Any], count: int) -> list[Any]:
+    """``count`` values of ``strategy``, the same ones every run (inputs for a test that is
+    not a property test, such as a burst through a running stack)."""
+    values: list[Any] = []
+
+    @settings(_PROFILE, max_examples=count, phases=[Phase.generate])
+    @given(strategy)
+    def collect(value: Any) -> None:
+        values.append(value)
+
+    collect()
+    return values
 
 
 prepare()  # before any test: see its docstring
