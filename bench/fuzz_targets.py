@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from dsec.actuators.channel import ChannelError, decode_frame
 from dsec.actuators.gate import CommandGate, node_target, out_of_bounds_result
+from dsec.infra.records import Record
 from dsec.infra.store import rows
 from dsec.infra.store.raw_columns import RawColumnsBuilder
 from dsec.ingest.json_body import BodyError, parse_strict
@@ -48,11 +49,10 @@ from dsec.schemas import (
 )
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
-from dsec.schemas.features import WORKER_FEATURES, RegimeGrowth
+from dsec.schemas.features import WORKER_FEATURES
 from dsec.schemas.frames import Frame, batch_frames
-from dsec.schemas.metrics import duplicate_key
-from dsec.stream_jobs import finite
-from dsec.stream_jobs.worker_features import FeatureConfig, State
+from dsec.schemas.topics import topic_names
+from dsec.stream_jobs.metrics_job import MetricsJob
 
 KEY = b"fuzz-signing-key"
 NOW_MS = 1_800_000_000_000  # the clock of the checks that need one (2027-01-15)
@@ -181,48 +181,37 @@ def _stored(target: str, data: Any, decoded: DecodedBatch) -> None:
     _outcome(target, data, build, ())
 
 
-def _derived(target: str, data: Any, decoded: DecodedBatch, state: State, offset: int) -> State:
-    """The metrics job's part: the worker's update, and the events it publishes."""
-    update, problem = _outcome(target, data, lambda: finite.checked_update(
-        state, decoded.frames, 0, offset, NOW_MS, FeatureConfig(),
-        duplicate_key(decoded.header)), ())
-    if problem is not None or update.skipped:
-        return state
-    identity = decoded.header.identity
-
-    def publishable() -> None:
-        if update.features:
-            FeatureEvent(identity=identity, window="rolling", features=update.features,
-                         tags=update.tags)
-        for gpu in update.gpus:
-            GpuProfileEvent(
-                gpu_uuid=gpu.gpu_uuid, gpu_model=gpu.gpu_model, identity=identity,
-                regimes={name: RegimeGrowth(delta_bytes=d_bytes, delta_s=d_s)
-                         for name, (d_bytes, d_s) in gpu.regimes.items()},
-                thermal_throttle_events=gpu.thermal_throttle_events,
-                bandwidth_jitter=gpu.bandwidth_jitter, samples=gpu.samples)
-
-    _outcome(target, data, publishable, ())
-    return update.state
+def _through_the_metrics_job(target: str, data: Any, messages: Sequence[bytes]) -> None:
+    """The metrics job's part: one worker's messages in two batches, the state saved in
+    between; nothing raised, and every output encodable for the producer."""
+    job = MetricsJob(topic_names("fuzz"), {}, clock_ms=lambda: NOW_MS)
+    records = [Record(job.topics.metrics, 0, offset, b"worker", value)
+               for offset, value in enumerate(messages)]
+    half = (len(records) + 1) // 2
+    for part in (records[:half], records[half:]):
+        if not part:
+            continue
+        result = _outcome(target, data, lambda part=part: job.process(part, NOW_MS), ())
+        for output in result.outputs:
+            _outcome(target, data, output.value, ())
+        job.save(result.states)
 
 
 def metric_batch(data: bytes) -> None:
     """``decode_metric_batch`` (rows, columns, packed columns) against the pydantic
-    models, then the sink's tables and the metrics job's features from what it accepted."""
+    models, then the sink's tables from what it accepted, and the metrics job."""
     decoded = _decoded(data)
     if decoded is not None:
         _stored("metric-batch", data, decoded)
-        _derived("metric-batch", data, decoded, {}, 0)
+    _through_the_metrics_job("metric-batch", data, [data])
 
 
 def metric_stream(messages: Sequence[bytes]) -> None:
-    """One worker's messages in order: the features of each from the state the ones
-    before it left."""
-    state: State = {}
-    for offset, data in enumerate(messages):
-        decoded = _decoded(data, "metric-stream")
-        if decoded is not None:
-            state = _derived("metric-stream", messages, decoded, state, offset)
+    """One worker's messages in order: each decoded alike by both decoders, and the
+    features of each from the state the ones before it left."""
+    for data in messages:
+        _decoded(data, "metric-stream")
+    _through_the_metrics_job("metric-stream", messages, messages)
 
 
 # --- what the sink stores and the policy engine reads ----------------------------------------
