@@ -477,8 +477,19 @@ def registration_documents() -> st.SearchStrategy[dict[str, Any]]:
             "job_id": IDENTIFIER, "node_id": IDENTIFIER})
 
 
-def metrics_post_documents() -> st.SearchStrategy[dict[str, Any]]:
-    return st.fixed_dictionaries({"samples": st.lists(ROWS, min_size=1, max_size=4)})
+@st.composite
+def metrics_post_documents(draw: st.DrawFn) -> dict[str, Any]:
+    """A runtime's post: rows, columns (lists or packed), or both, sometimes named."""
+    document: dict[str, Any] = {}
+    form = draw(st.sampled_from(("rows", "columns", "both")))
+    if form != "columns":
+        document["samples"] = draw(st.lists(ROWS, min_size=1, max_size=4))
+    if form != "rows":
+        kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=2, unique=True))
+        document["columns"] = {kind: draw(_columns_of_kind(kind)) for kind in kinds}
+    if draw(st.booleans()):
+        document["batch_id"] = draw(EVENT_IDS)
+    return document
 
 
 def gateway_bodies() -> st.SearchStrategy[bytes]:
