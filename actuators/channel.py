@@ -29,7 +29,7 @@ _LENGTH = struct.Struct(">I")
 class Register(Model):
     type: Literal["register"] = "register"
     identity: WorkerIdentity
-    pid: int
+    pid: Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class Apply(Model):

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dsec.schemas.base import EpochMs, Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import EpochMs, Event, Identifier, Model, Version, WorkerIdentity
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -97,7 +97,7 @@ class ActuationCommand(Event):
     target: WorkerIdentity
     expires_at_ms: EpochMs
     policy_name: Identifier
-    policy_version: Annotated[int, Field(ge=0)]
+    policy_version: Version
     action: ActionParams
     reason: Annotated[str, Field(max_length=1024)] = ""
     signature: Annotated[str, Field(max_length=256)] | None = None

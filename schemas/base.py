@@ -13,6 +13,12 @@ SCHEMA_VERSION = 1
 # Identifiers travel in Kafka keys and ClickHouse sort keys: short, printable.
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/]+$")]
 EpochMs = Annotated[int, Field(ge=0, le=32503680000000)]  # up to year 3000
+# Integers are bounded by the columns that store them (and by what the JSON encoder writes):
+# an event past them would decode here and then fail to encode or to be stored.
+INT64_MAX = 2**63 - 1
+UINT32_MAX = 2**32 - 1
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Version = Annotated[int, Field(ge=0, le=UINT32_MAX)]  # policy versions: UInt32 columns
 
 
 def new_event_id() -> str:

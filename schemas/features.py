@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import UINT32_MAX, Count, Event, Identifier, Model, WorkerIdentity
 
 FeatureName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 TagValue = Annotated[str, Field(max_length=128)]
@@ -31,9 +31,9 @@ class GpuProfileEvent(Event):
     gpu_model: Annotated[str, Field(max_length=128)] = ""
     identity: WorkerIdentity
     regimes: dict[Regime, RegimeGrowth]
-    thermal_throttle_events: Annotated[int, Field(ge=0)] = 0
+    thermal_throttle_events: Annotated[int, Field(ge=0, le=UINT32_MAX)] = 0
     bandwidth_jitter: Annotated[float, Field(ge=0)] = 0.0
-    samples: Annotated[int, Field(ge=0)] = 0
+    samples: Count = 0
 
 
 class FeatureEvent(Event):

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from dsec.schemas.actuations import ActionParams
-from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import Event, Identifier, Model, Version, WorkerIdentity
 
 Seconds = Annotated[float, Field(ge=0, le=30 * 86400)]
 ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
@@ -92,7 +92,7 @@ class PolicySpec(Model):
     """
 
     name: Identifier
-    version: Annotated[int, Field(ge=0)] = 1
+    version: Version = 1
     description: Annotated[str, Field(max_length=4096)] = ""
     selector: TargetSelector = Field(default_factory=TargetSelector)
     params: Annotated[
@@ -188,7 +188,7 @@ class PolicyDeletion(Event):
     deletion runs, and a replayed deletion does not remove it."""
 
     deletes: Identifier
-    up_to_version: Annotated[int, Field(ge=0)]
+    up_to_version: Version
     signature: Annotated[str, Field(max_length=256)] | None = None
 
 
@@ -207,7 +207,7 @@ class DecisionKind(StrEnum):
 
 class PolicyDecision(Event):
     policy_name: Identifier
-    policy_version: Annotated[int, Field(ge=0)]
+    policy_version: Version
     identity: WorkerIdentity | None = None
     decision: DecisionKind
     stage: Annotated[int, Field(ge=0, le=8)] | None = None

@@ -187,6 +187,9 @@ class MetricsBatch:
             decoded = decode_metric_batch(record.value, job.event_times, self._batch_ms)
         except DecodeError as exc:
             return self._dead_letter(record, exc.reason)
+        except Exception as exc:  # a decoder's own failure refuses the message, not the job
+            return self._dead_letter(
+                record, f"invalid MetricBatch: undecodable: {type(exc).__name__}: {exc}")
         batch, frames = decoded.header, decoded.frames
         worker = batch.identity.worker_id
         job.counters.samples_in += decoded.sample_count()
