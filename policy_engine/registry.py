@@ -195,6 +195,11 @@ class PolicyRegistry:
     def versions(self, name: str) -> list[int]:
         return sorted(self._versions.get(name, {}))
 
+    def version_specs(self, name: str) -> dict[int, PolicySpec]:
+        """Every version of ``name`` installed, fleet or canary (a fleet version replaces
+        the promoted canary of its number, the same body)."""
+        return dict(sorted(self._versions.get(name, {}).items()))
+
     def latest_version(self, name: str) -> int:
         """The highest version of ``name`` seen or deleted, fleet or canary: a new one
         (tuned, promoted, reverted) is numbered after it."""

@@ -97,16 +97,25 @@ class PoolSpec(Model):
                       reason: str) -> PoolSpec:
         """Version ``version`` of this pool, unsigned, with ``policy``'s ``param`` set to
         ``value`` (in ``quotas`` where it is a quota)."""
+        values = {**self.overrides(policy), param: value}
+        return self.with_overrides(policy, values, version, reason)
+
+    def with_overrides(self, policy: str, values: dict[str, float], version: int,
+                       reason: str) -> PoolSpec:
+        """Version ``version`` of this pool, unsigned, overriding exactly ``values`` of
+        ``policy`` (quotas included); the other policies' overrides stay as they are."""
         body = self.model_dump(mode="json", exclude={"signature"}, exclude_none=True)
-        quota = _QUOTA_OF.get((policy, param))
-        if quota is not None:
-            integral = quota.endswith("_bytes")
-            body["quotas"] = {**body["quotas"], quota: int(value) if integral else value}
-        else:
-            body["params"] = {**body["params"],
-                              policy: {**body["params"].get(policy, {}), param: value}}
-        return PoolSpec.model_validate(
-            {**body, "version": version, "reason": reason[:1024]})
+        quotas = {quota: value for quota, value in body["quotas"].items()
+                  if QUOTA_PARAMS[quota][0] != policy}
+        params = {name: dict(given) for name, given in body["params"].items() if name != policy}
+        for param, value in values.items():
+            quota = _QUOTA_OF.get((policy, param))
+            if quota is not None:
+                quotas[quota] = int(value) if quota.endswith("_bytes") else value
+            else:
+                params.setdefault(policy, {})[param] = value
+        return PoolSpec.model_validate({**body, "quotas": quotas, "params": params,
+                                        "version": version, "reason": reason[:1024]})
 
 
 class PoolDeletion(Event):
