@@ -114,3 +114,18 @@ def test_every_policy_honours_its_pools_overrides_and_dry_run() -> None:
     assert "in-watch" not in by_worker
     assert {d.decision for d in result.output.decisions
             if d.identity and d.identity.worker_id == "in-watch"} == {DecisionKind.DRY_RUN}
+
+
+def test_cli_validates_pool_files(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from dsec.cli import app
+
+    good = tmp_path / "a.yaml"
+    good.write_text("name: a100-pool\nquotas: {latency_cap_ms: 60}\n")
+    bad = tmp_path / "b.yaml"
+    bad.write_text("name: b\nquotas: {latency_cap_ms: -1}\n")
+    result = CliRunner().invoke(app, ["pool", "validate", str(good)])
+    assert result.exit_code == 0 and "a100-pool v1 ok" in result.stdout
+    result = CliRunner().invoke(app, ["pool", "validate", str(bad)])
+    assert result.exit_code == 2 and "latency_cap_ms" in result.output
