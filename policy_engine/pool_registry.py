@@ -64,6 +64,9 @@ class PoolRegistry:
         self._pools: dict[str, PoolSpec] = {}
         self._deleted_up_to: dict[str, int] = {}
         self._effective: dict[tuple, Effective] = {}
+        # every version installed: the engine installs its own tuned versions at once and
+        # reads them back from the topic later, behind newer ones
+        self._installed: set[tuple[str, int, str | None]] = set()
         self.generation = 0
 
     def get(self, name: str) -> PoolSpec | None:
@@ -90,7 +93,9 @@ class PoolRegistry:
         return found
 
     def install(self, pool: PoolSpec) -> PolicyDecision | None:
-        """Verify and keep ``pool``; ``None`` when it is the version already known."""
+        """Verify and keep ``pool``; ``None`` when it is a version installed before."""
+        if (pool.name, pool.version, pool.signature) in self._installed:
+            return None
         try:
             verify(pool, self._signing_key)
         except SignatureError as exc:
@@ -100,13 +105,11 @@ class PoolRegistry:
             return _rejected(pool.name, pool.version,
                              f"deleted up to v{deleted}; publish a later version")
         current = self._pools.get(pool.name)
-        if current is not None:
-            if pool == current:
-                return None
-            if pool.version <= current.version:
-                return _rejected(pool.name, pool.version,
-                                 f"version {pool.version} is not newer than {current.version}")
+        if current is not None and pool.version <= current.version:
+            return _rejected(pool.name, pool.version,
+                             f"version {pool.version} is not newer than {current.version}")
         self._pools[pool.name] = pool
+        self._installed.add((pool.name, pool.version, pool.signature))
         self.generation += 1
         why = f": {pool.reason}" if pool.reason else ""
         return PolicyDecision(

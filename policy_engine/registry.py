@@ -351,10 +351,12 @@ class PolicyRegistry:
         self.generation += 1
         fleet = self.get(name)
         now = f"v{fleet.version}" if fleet is not None else "nothing"
+        how = ("removed after its promotion" if fleet is not None
+               and fleet.version >= canary.spec.version else "rolled back")
         return PolicyDecision(
             policy_name=audit_name(name), policy_version=canary.spec.version,
             decision=DecisionKind.POLICY_DELETED,
-            detail=f"canary v{canary.spec.version} in pool {pool} rolled back: pool {pool} "
+            detail=f"canary v{canary.spec.version} in pool {pool} {how}: pool {pool} "
                    f"runs {now}",
         )
 

@@ -63,7 +63,9 @@ def test_the_registry_keeps_signed_newer_versions_and_signed_deletions() -> None
     assert pools.get("A") == first and pools.next_version("A") == 2
     deleted = pools.offer(b"A", encode(sign(PoolDeletion(deletes="A", up_to_version=1), KEY)))
     assert deleted.decision is DecisionKind.POOL_DELETED and pools.get("A") is None
-    assert decided(pools.install(first)) == DecisionKind.POOL_REJECTED
+    assert pools.install(first) is None and pools.get("A") is None  # a replay: no news
+    refused = sign(PoolSpec(name="A", version=1, description="again"), KEY)
+    assert decided(pools.install(refused)) == DecisionKind.POOL_REJECTED
     assert pools.next_version("A") == 2
     assert decided(pools.install(sign(PoolSpec(name="A", version=2), KEY))) == "pool_accepted"
 
@@ -129,3 +131,12 @@ def test_cli_validates_pool_files(tmp_path) -> None:
     assert result.exit_code == 0 and "a100-pool v1 ok" in result.stdout
     result = CliRunner().invoke(app, ["pool", "validate", str(bad)])
     assert result.exit_code == 2 and "latency_cap_ms" in result.output
+
+
+def test_a_version_read_back_behind_newer_ones_is_no_news() -> None:
+    pools = PoolRegistry(KEY)
+    first, second = (sign(PoolSpec(name="A", version=v), KEY) for v in (1, 2))
+    pools.install(first)
+    pools.install(second)
+    assert pools.offer(b"A", encode(first)) is None
+    assert pools.offer(b"A", encode(second)) is None
