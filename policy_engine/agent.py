@@ -4,11 +4,12 @@ compacted topics, hot-reloaded. The agent's state mappings are Faust tables."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from dsec.infra.faust_app import App, StreamT, Table, fetch_topic_metadata, publish, record_of
 from dsec.infra.observability.metrics import ProcessMetrics
-from dsec.infra.records import Output
+from dsec.infra.records import Output, Record
 from dsec.policy_engine.instruments import EngineInstruments
 from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
 from dsec.policy_engine.pool_registry import PoolRegistry
@@ -68,23 +69,18 @@ def register_policy_engine(
             await send_durably(agent.audit(record))
             instruments.decisions_out.inc()
 
-    @app.agent(policies, name="policy-loader")
-    async def policy_loader(stream: StreamT) -> None:
-        async for event in stream.events():
-            instruments.policies_in.inc()
-            audit = agent.load_policy(record_of(event))
-            if audit is not None:
-                await send_durably(audit)
-                instruments.decisions_out.inc()
+    def loader(load: Callable[[Record], Output | None]) -> Callable[[StreamT], Awaitable]:
+        async def run(stream: StreamT) -> None:
+            async for event in stream.events():
+                instruments.policies_in.inc()
+                audit = load(record_of(event))
+                if audit is not None:
+                    await send_durably(audit)
+                    instruments.decisions_out.inc()
+        return run
 
-    @app.agent(pool_records, name="pool-loader")
-    async def pool_loader(stream: StreamT) -> None:
-        async for event in stream.events():
-            instruments.policies_in.inc()
-            audit = agent.load_pool(record_of(event))
-            if audit is not None:
-                await send_durably(audit)
-                instruments.decisions_out.inc()
+    app.agent(policies, name="policy-loader")(loader(agent.load_policy))
+    app.agent(pool_records, name="pool-loader")(loader(agent.load_pool))
 
     @app.agent(features, name="policy-engine")
     async def policy_engine(stream: StreamT) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from dsec.infra.records import Output, Record
@@ -140,22 +140,19 @@ class PolicyAgent:
     def load_policy(self, record: Record) -> Output | None:
         """A record of the policies topic: the audit record of what installing it decided,
         if anything; records below ``policies_from_offset`` were read at startup."""
-        if record.offset < self.policies_from_offset:
-            return None
-        decision = self.registry.offer(record.key, record.value)
-        if decision is None:
-            return None
-        self.counters.policy_updates += 1
-        log.warning("policy %s v%s: %s", decision.policy_name, decision.policy_version,
-                    decision.decision)
-        return self.audit(decision)
+        return self._load(record, self.policies_from_offset, self.registry.offer)
 
     def load_pool(self, record: Record) -> Output | None:
-        """A record of the pools topic: the audit record of what it decided, if anything
-        (nothing for a version this engine tuned and installed already)."""
-        if record.offset < self.pools_from_offset:
+        """The same for a record of the pools topic (nothing for a version this engine
+        tuned and installed already)."""
+        return self._load(record, self.pools_from_offset, self.pools.offer)
+
+    def _load(self, record: Record, from_offset: int,
+              offer: Callable[[bytes | None, bytes | None], PolicyDecision | None],
+              ) -> Output | None:
+        if record.offset < from_offset:
             return None
-        decision = self.pools.offer(record.key, record.value)
+        decision = offer(record.key, record.value)
         if decision is None:
             return None
         self.counters.policy_updates += 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from dsec.policy_engine.registry import PolicyRejected, audit_name, load_document
+from dsec.policy_engine.registry import PolicyRejected, audit_name, load_document, validated
 from dsec.schemas import PolicyDecision, PolicySpec, SignatureError, verify
 from dsec.schemas.codec import describe
 from dsec.schemas.policies import DecisionKind
@@ -28,23 +28,15 @@ def pool_audit_name(name: str) -> str:
     return audit_name(f"pool:{name}")
 
 
-def _validated(model: type[PoolSpec] | type[PoolDeletion], document: dict):
-    try:
-        return model.model_validate(document)
-    except ValidationError as exc:
-        what = "pool" if model is PoolSpec else "pool deletion"
-        raise PolicyRejected(f"invalid {what}: {describe(exc)}") from None
-
-
 def parse_pool(text: str | bytes) -> PoolSpec:
     """A pool from YAML or JSON text."""
-    return _validated(PoolSpec, load_document(text, "pool"))
+    return validated(PoolSpec, load_document(text, "pool"))
 
 
 def parse_pool_record(text: str | bytes) -> PoolSpec | PoolDeletion:
     """A record of the pools topic: a pool, or a deletion (a mapping with ``deletes``)."""
     document = load_document(text, "pool")
-    return _validated(PoolDeletion if "deletes" in document else PoolSpec, document)
+    return validated(PoolDeletion if "deletes" in document else PoolSpec, document)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
@@ -51,23 +52,29 @@ def load_document(text: str | bytes, what: str = "policy") -> dict:
     return document
 
 
-def _validated(model: type[PolicySpec] | type[PolicyDeletion], document: dict):
+_WHAT = {"PolicySpec": "policy", "PolicyDeletion": "policy deletion", "PoolSpec": "pool",
+         "PoolDeletion": "pool deletion"}
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], document: dict) -> M:
+    """``document`` as a ``model``; ``PolicyRejected`` with the fields at fault."""
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        what = "policy" if model is PolicySpec else "policy deletion"
+        what = _WHAT.get(model.__name__, model.__name__)
         raise PolicyRejected(f"invalid {what}: {describe(exc)}") from None
 
 
 def parse_policy(text: str | bytes) -> PolicySpec:
     """A policy from YAML or JSON text (JSON is YAML); never evaluates anything in it."""
-    return _validated(PolicySpec, load_document(text))
+    return validated(PolicySpec, load_document(text))
 
 
 def parse_record(text: str | bytes) -> PolicySpec | PolicyDeletion:
     """A record of the policies topic: a policy, or a deletion (a mapping with ``deletes``)."""
     document = load_document(text)
-    return _validated(PolicyDeletion if "deletes" in document else PolicySpec, document)
+    return validated(PolicyDeletion if "deletes" in document else PolicySpec, document)
 
 
 @dataclass(frozen=True)
