@@ -62,3 +62,8 @@ class WorkerIdentity(Model):
         if taken:
             raise ValueError(f"reserved label names: {', '.join(taken)}")
         return labels
+
+    def __hash__(self) -> int:
+        # Identities key sets and maps; a frozen model holding a dict hashes by its items.
+        labels = tuple(sorted(self.labels.items())) if self.labels else None
+        return hash((self.job_id, self.worker_id, self.node_id, self.pool, labels))

@@ -77,6 +77,7 @@ def test_an_identity_without_pool_or_labels_keeps_its_canonical_form() -> None:
     pooled = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", pool="A",
                             labels={"rack": "r1"})
     assert decode(encode(pooled), WorkerIdentity) == pooled
+    assert len({pooled, decode(encode(pooled), WorkerIdentity), IDENTITY}) == 2
     with pytest.raises(ValueError, match="reserved label names: pool"):
         WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", labels={"pool": "B"})
 
