@@ -26,12 +26,14 @@ class SnapshotTrigger:
         self.snapshotter = snapshotter
         self.extra_state = extra_state
 
-    def apply(self, _params: SnapshotParams) -> str:
+    def apply(self, params: SnapshotParams) -> str:
+        """Starts the snapshot at the command's compression level (the snapshotter's own
+        where it gives none)."""
         if self.snapshotter is None:
             raise SnapshotNotConfiguredError()
         step = self._global_step()
         extra = self.extra_state() if self.extra_state is not None else {}
-        seq = self.snapshotter.request(step, extra)
+        seq = self.snapshotter.request(step, extra, compression_level=params.compression_level)
         if seq is None:
             return f"snapshot already in flight at step {step}; coalesced"
         return f"snapshot {seq} started at step {step}"

@@ -66,6 +66,8 @@ def init(
     *,
     job_id: str | None = None,
     node_id: str | None = None,
+    pool: str | None = None,
+    labels: dict[str, str] | None = None,
     optimizer: Any = None,
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
@@ -75,6 +77,9 @@ def init(
 ) -> WorkerRuntime:
     """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
 
+    ``pool``: the resource pool the worker runs in (``DSEC_POOL``); ``labels``: what policy
+    selectors may match it by (``DSEC_LABELS``). Both travel in its identity.
+
     ``endpoint="http://dsec-control-plane:8080"`` (or ``DSEC_ENDPOINT``): a worker that
     cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
     buffering and drop counts; ``endpoint_token`` (``DSEC_ENDPOINT_TOKEN``) is the
@@ -83,7 +88,8 @@ def init(
     global _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    given = {"bootstrap": bootstrap, "job_id": job_id, "endpoint": endpoint,
+    given = {"bootstrap": bootstrap, "job_id": job_id, "pool": pool, "labels": labels,
+             "endpoint": endpoint,
              "endpoint_token": SecretStr(endpoint_token) if endpoint_token else None}
     overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
@@ -93,6 +99,8 @@ def init(
         job_id=resolved.job_id,
         worker_id=worker_id or default_worker_id(),
         node_id=node_id or resolved.node_id or socket.gethostname(),
+        pool=resolved.pool,
+        labels=resolved.labels or None,
     )
     runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
     if optimizer is not None:

@@ -19,6 +19,7 @@ from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.policy import policy_app
+from dsec.cli.pool import pool_app
 from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -29,6 +30,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
+app.add_typer(pool_app, name="pool")
 app.add_typer(experiment_app, name="experiment")
 app.command("ingest-gateway")(ingest_gateway)
 app.command("doctor")(doctor_command)
