@@ -171,7 +171,9 @@ def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = 
 
 
 def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
-    """Times DDP's gradient-bucket all-reduces through a communication hook."""
+    """Times DDP's gradient-bucket all-reduces through a communication hook, the one by
+    which the actuator's gradient compression and sync priority act (unless ``inner``,
+    a hook of your own, takes its place)."""
     current().watch_ddp(ddp_model, state=state, inner=inner)
 
 
@@ -204,10 +206,11 @@ def controls() -> WorkerControls:
     return current().controls
 
 
-def autocast() -> Any:
+def autocast(dtype: str | None = None) -> Any:
     """``with dsec.autocast():`` around the forward pass; the actuator switches its dtype
-    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps."""
-    return current().controls.precision()
+    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps.
+    ``dtype``: this loop's own precision (default fp32), which an undo returns to."""
+    return current().controls.precision(dtype)
 
 
 def enable_snapshots(
