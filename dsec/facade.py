@@ -103,10 +103,13 @@ def report_episode_end(
     terminated: bool = True,
     truncated: bool = False,
     termination_reason: str | None = None,
+    on_training_thread: bool = True,
 ) -> None:
+    """An episode ended; on the training thread this is a step boundary too (commands are
+    applied here). ``on_training_thread=False`` from an asynchronous sampling thread."""
     current().probe.record_episode(
         reward, length, terminated=terminated, truncated=truncated,
-        termination_reason=termination_reason,
+        termination_reason=termination_reason, on_training_thread=on_training_thread,
     )
 
 
