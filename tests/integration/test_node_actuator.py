@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -100,6 +101,29 @@ class Node:
                 self.results.append(decode(message.value(), ActuationResult))
         return self.results
 
+    def send_each(self, worker_id: str, actions) -> list[ActuationCommand]:
+        commands = [self.command(worker_id, action) for action in actions]
+        for command in commands:
+            self.send(command)
+        return commands
+
+    def all_answered(self, commands: list[ActuationCommand]) -> bool:
+        ids = {r.actuation_id for r in self.poll_results()}
+        return all(c.actuation_id in ids for c in commands)
+
+    def answers_while(self, train, command: ActuationCommand, count: int = 1,
+                      timeout_s: float = 60) -> list[ActuationResult]:
+        """Runs ``train`` (a step of the worker's loop) until ``count`` results for
+        ``command`` are in; those results."""
+
+        def answered() -> list[ActuationResult] | None:
+            train()
+            mine = [r for r in self.poll_results() if r.actuation_id == command.actuation_id]
+            return mine[:count] if len(mine) >= count else None
+
+        return wait_for(answered, timeout_s, interval_s=0.02,
+                        what=f"{count} result(s) for {command.action}")
+
     def result_for(self, actuation_id: str, count: int = 1,
                    timeout_s: float = 30) -> list[ActuationResult]:
         return wait_for(
@@ -110,6 +134,27 @@ class Node:
     def close(self) -> None:
         self.daemon.stop()
         self.results_consumer.close()
+
+
+@contextlib.contextmanager
+def registered_worker(node, worker_id: str):
+    """This process as a worker of the node (``dsec.init``) with a tiny model and its
+    optimizer, registered on the node's socket; shut down after."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    runtime = dsec.init(worker_id=worker_id, node_id=NODE, optimizer=optimizer,
+                        settings=node.settings)
+    try:
+        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+        yield model, optimizer
+    finally:
+        dsec.shutdown()
+
+
+def every_action(memory_cap_bytes: int) -> list:
+    return [MemoryCapParams(limit_bytes=memory_cap_bytes), PrecisionParams(dtype="fp16"),
+            GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
+            SamplerParams(paused=True), SyncPriorityParams(level=-1), SnapshotParams()]
 
 
 @pytest.fixture
@@ -180,13 +225,7 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
         sampling = SamplingThread(controls.sampler)
         dsec.enable_snapshots(model, optimizer, directory=str(tmp_path / "snaps"),
                               extra_state=lambda: {"episode_head": 17})
-        actions = [MemoryCapParams(limit_bytes=4 * GIB), PrecisionParams(dtype="fp16"),
-                   GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
-                   SamplerParams(paused=True), SyncPriorityParams(level=-1),
-                   SnapshotParams()]
-        commands = [node.command("w-all", action) for action in actions]
-        for command in commands:
-            node.send(command)
+        commands = node.send_each("w-all", every_action(4 * GIB))
 
         def train_until_answered() -> bool:
             with controls.grad_accumulation.micro_step(model) as sync:
@@ -197,8 +236,7 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
             if sync:
                 controls.precision.step(optimizer)  # the step post-hook applies commands
                 optimizer.zero_grad()
-            ids = {r.actuation_id for r in node.poll_results()}
-            return all(c.actuation_id in ids for c in commands)
+            return node.all_answered(commands)
 
         wait_for(train_until_answered, 60, interval_s=0.02, what="every action answered")
         by_id = {r.actuation_id: r for r in node.results}
@@ -246,26 +284,14 @@ UNATTACHED_HINTS = {
 def test_without_its_hook_an_action_is_unsupported_and_says_how_to_attach_it(node) -> None:
     # A plain loop: no autocast, no DDP, no accumulation helper, no sampling thread, no
     # snapshotter. Only the CPU memory budget is carried out, by the probe itself.
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    runtime = dsec.init(worker_id="w-bare", node_id=NODE, optimizer=optimizer,
-                        settings=node.settings)
-    try:
-        wait_for(lambda: runtime.channel.registered, 10, what="registration")
-        actions = [MemoryCapParams(limit_bytes=64 * GIB), PrecisionParams(dtype="fp16"),
-                   GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
-                   SamplerParams(paused=True), SyncPriorityParams(level=-1),
-                   SnapshotParams()]
-        commands = [node.command("w-bare", action) for action in actions]
-        for command in commands:
-            node.send(command)
+    with registered_worker(node, "w-bare") as (model, optimizer):
+        commands = node.send_each("w-bare", every_action(64 * GIB))
 
         def train_until_answered() -> bool:
             optimizer.zero_grad()
             model(torch.randn(8, 4)).pow(2).mean().backward()
             optimizer.step()
-            ids = {r.actuation_id for r in node.poll_results()}
-            return all(c.actuation_id in ids for c in commands)
+            return node.all_answered(commands)
 
         wait_for(train_until_answered, 60, interval_s=0.02, what="every action answered")
         by_kind = {c.action.kind.value: next(r for r in node.results
@@ -280,8 +306,6 @@ def test_without_its_hook_an_action_is_unsupported_and_says_how_to_attach_it(nod
         controls = dsec.controls()
         assert controls.requested()["precision"] == "fp16"  # kept, should the loop attach
         assert controls.in_force()["precision"] is None
-    finally:
-        dsec.shutdown()
 
 
 def test_undo_returns_an_fp32_worker_to_fp32_not_bf16(node) -> None:
@@ -291,12 +315,7 @@ def test_undo_returns_an_fp32_worker_to_fp32_not_bf16(node) -> None:
     downgrade = pack["precision-downgrade"]
     [down] = downgrade.stage_actions(0)
     [undo] = downgrade.stage_actions(0, undo=True)  # what the engine sends once calm
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    runtime = dsec.init(worker_id="w-fp32", node_id=NODE, optimizer=optimizer,
-                        settings=node.settings)
-    try:
-        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+    with registered_worker(node, "w-fp32") as (model, optimizer):
         x = torch.randn(8, 4)
 
         def step() -> torch.dtype:
@@ -307,20 +326,11 @@ def test_undo_returns_an_fp32_worker_to_fp32_not_bf16(node) -> None:
             optimizer.step()
             return out.dtype
 
-        def answer(command: ActuationCommand) -> ActuationResult:
-            def poll() -> ActuationResult | None:
-                step()
-                return next((r for r in node.poll_results()
-                             if r.actuation_id == command.actuation_id), None)
-
-            return wait_for(poll, 60, interval_s=0.02, what=f"the answer to {command.action}")
-
         assert step() == torch.float32
         results = []
         for action in (down, undo):
-            command = node.command("w-fp32", action)
-            node.send(command)
-            results.append(answer(command))
+            [command] = node.send_each("w-fp32", [action])
+            results.extend(node.answers_while(step, command))
             if action is down:
                 assert step() == torch.float16
         assert [(r.status.value, r.requested, r.in_force) for r in results] == [
@@ -328,8 +338,6 @@ def test_undo_returns_an_fp32_worker_to_fp32_not_bf16(node) -> None:
         assert step() == torch.float32
         assert dsec.controls().precision.state() == {
             "requested": "fp32", "in_force": "fp32", "original": "fp32"}
-    finally:
-        dsec.shutdown()
 
 
 def test_a_memory_cap_below_what_the_worker_holds_is_deferred_then_applied(node) -> None:
@@ -340,12 +348,7 @@ def test_a_memory_cap_below_what_the_worker_holds_is_deferred_then_applied(node)
     from dsec.experiment.sim_gpu import SimulatedGpu
 
     gpu = SimulatedGpu("GPU-sim-cap")
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    runtime = dsec.init(worker_id="w-cap", node_id=NODE, optimizer=optimizer,
-                        settings=node.settings)
-    try:
-        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+    with registered_worker(node, "w-cap") as (model, optimizer):
         dsec.controls().memory_cap = MemoryCap(cuda=gpu)
         gpu.hold(6 * GIB)
         gpu.fragment(5 * GIB)
@@ -356,37 +359,21 @@ def test_a_memory_cap_below_what_the_worker_holds_is_deferred_then_applied(node)
             model(torch.randn(8, 4)).pow(2).mean().backward()
             optimizer.step()
 
-        command = node.command("w-cap", MemoryCapParams(limit_bytes=6 * GIB))
-        node.send(command)
-
-        def first_answer() -> ActuationResult | None:
-            step()
-            return next((r for r in node.poll_results()
-                         if r.actuation_id == command.actuation_id), None)
-
-        deferred = wait_for(first_answer, 60, interval_s=0.02, what="the deferred cap")
+        [command] = node.send_each("w-cap", [MemoryCapParams(limit_bytes=6 * GIB)])
+        [deferred] = node.answers_while(step, command)
         assert deferred.status is ActuationStatus.DEFERRED, deferred.detail
         assert deferred.requested == str(6 * GIB) and deferred.in_force is None
         for _ in range(20):
             step()  # the worker trains on above the cap: nothing set, nothing fails
         assert gpu.fraction is None and gpu.fragmented_bytes == 0  # cached blocks released
         gpu.release_held()
-
-        def answered_twice() -> bool:
-            step()
-            return len([r for r in node.poll_results()
-                        if r.actuation_id == command.actuation_id]) >= 2
-
-        wait_for(answered_twice, 60, interval_s=0.02, what="the cap applied")
-        applied = [r for r in node.results if r.actuation_id == command.actuation_id][1]
+        applied = node.answers_while(step, command, count=2)[1]
         assert applied.status is ActuationStatus.APPLIED, applied.detail
         assert applied.in_force == str(6 * GIB) and gpu.limit_bytes == 6 * GIB
         for _ in range(20):
             step()
             gpu.fragment(GIB)  # the leak goes on under the cap; the card never fills
         assert gpu.used_bytes <= 6 * GIB
-    finally:
-        dsec.shutdown()
 
 
 def test_a_loop_applies_commands_at_a_safe_point_of_its_own(node) -> None:

@@ -70,12 +70,18 @@ def test_live_memory_over_the_cap_is_still_an_oom() -> None:
         gpu.set_working_set(5 * GIB)
 
 
-def test_a_fraction_set_below_held_memory_makes_the_next_allocation_fail() -> None:
-    """What a cap did before it knew what the process holds: caused the OOM."""
+def _card_holding_live_memory() -> SimulatedGpu:
+    """3 GiB working set, 6 GiB of held live tensors, 4 GiB of fragmented blocks."""
     gpu = SimulatedGpu("g")
     gpu.set_working_set(3 * GIB)
     gpu.hold(6 * GIB)
     gpu.fragment(4 * GIB)
+    return gpu
+
+
+def test_a_fraction_set_below_held_memory_makes_the_next_allocation_fail() -> None:
+    """What a cap did before it knew what the process holds: caused the OOM."""
+    gpu = _card_holding_live_memory()
     gpu.set_fraction(7 / 24, 0)  # fragmented blocks go, the held tensors cannot
     assert gpu.fragmented_bytes == 0 and gpu.live_bytes == 9 * GIB
     with pytest.raises(SimulatedOutOfMemoryError):
@@ -83,10 +89,7 @@ def test_a_fraction_set_below_held_memory_makes_the_next_allocation_fail() -> No
 
 
 def test_the_memory_cap_defers_below_held_memory_and_applies_once_it_is_let_go() -> None:
-    gpu = SimulatedGpu("g")
-    gpu.set_working_set(3 * GIB)
-    gpu.hold(6 * GIB)
-    gpu.fragment(4 * GIB)
+    gpu = _card_holding_live_memory()
     cap = MemoryCap(cuda=gpu)
     pending = cap.apply(MemoryCapParams(limit_bytes=7 * GIB))
     assert pending.now.status.value == "deferred"
