@@ -109,8 +109,8 @@ class ApplyHooks:
 
     def _supersede(self, kind: ActionKind, by: str | None) -> None:
         waiting = self._waiting.pop(kind, None)
-        if waiting is None:
-            return
+        if waiting is None or (by is not None and waiting.actuation_id == by):
+            return  # nothing waiting, or the same command again (re-sent on registration)
         effect = Effect(ActuationStatus.SUPERSEDED,
                         f"superseded by {by or 'a newer command'} before it took effect")
         self._settled.append(Settled(waiting.actuation_id, kind, effect))

@@ -331,6 +331,8 @@ class ExperimentWorker:
         if not self.faults.active("memory_leak"):
             self.gpu.release_held()  # the leak's live tensors go with the fault
         batch = self._next_rollout()
+        if batch is None and time.time() >= self.a.end_at:
+            return  # the run is over: no step the group's members may not all take
         if batch is not None:
             self.gpu.set_working_set(SIM_BASE_BYTES + SIM_ACTIVATION_BYTES_PER_SAMPLE
                                      * batch.obs.shape[0])

@@ -89,8 +89,9 @@ class GroupSync:
         with loss scaling) any member was switched to, and every member's GradScaler then
         sees the same synchronised gradients and keeps the same scale."""
         controls = self._controls
-        control = torch.tensor([controls.grad_accumulation.steps,
-                                PRECISION_CODES.index(controls.precision.dtype)])
+        # what this member was asked for, not what the group ran last
+        control = torch.tensor([controls.grad_accumulation.requested,
+                                PRECISION_CODES.index(controls.precision.requested)])
         dist.all_reduce(control, op=dist.ReduceOp.MAX)
         dtype = PRECISION_CODES[int(control[1])]
         if dtype != self._dtype or self.scaler is None:

@@ -394,3 +394,17 @@ def test_an_action_without_a_hook_is_unsupported_not_failed() -> None:
     effect = ApplyHooks().try_apply(SnapshotParams(), "a1")
     assert effect.status is ActuationStatus.UNSUPPORTED
     assert "@dsec.on_action('snapshot')" in effect.detail
+
+
+def test_a_pending_command_sent_again_is_not_superseded_by_itself() -> None:
+    controller = AutocastController("cpu")
+    hooks = ApplyHooks()
+    hooks.register("precision", controller.apply)
+    with controller():
+        pass
+    hooks.apply(PrecisionParams(dtype="fp16"), "same")
+    hooks.apply(PrecisionParams(dtype="fp16"), "same")  # re-sent as the worker registered
+    with controller():
+        pass
+    assert [(s.actuation_id, s.effect.status.value) for s in hooks.settle()] == [
+        ("same", "applied")]
