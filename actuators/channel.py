@@ -19,7 +19,7 @@ import orjson
 from pydantic import Field, TypeAdapter, ValidationError
 
 from dsec.schemas import ActuationStatus, WorkerIdentity
-from dsec.schemas.actuations import ActionParams
+from dsec.schemas.actuations import ActionParams, SettingValue
 from dsec.schemas.base import EpochMs, Model
 
 MAX_FRAME_BYTES = 1 << 20
@@ -46,6 +46,8 @@ class Answer(Model):
     status: ActuationStatus
     detail: Annotated[str, Field(max_length=2048)] = ""
     replay: bool = False
+    requested: SettingValue | None = None
+    in_force: SettingValue | None = None
 
 
 Frame = Annotated[Register | Apply | Answer, Field(discriminator="type")]

@@ -5,13 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dsec.actuators.effects import Effect
 from dsec.actuators.snapshotter import Snapshotter
 from dsec.schemas.actuations import SnapshotParams
-
-
-class SnapshotNotConfiguredError(RuntimeError):
-    def __init__(self) -> None:
-        super().__init__("no snapshotter: call dsec.enable_snapshots(model, optimizer) first")
 
 
 class SnapshotTrigger:
@@ -26,11 +22,12 @@ class SnapshotTrigger:
         self.snapshotter = snapshotter
         self.extra_state = extra_state
 
-    def apply(self, params: SnapshotParams) -> str:
+    def apply(self, params: SnapshotParams) -> str | Effect:
         """Starts the snapshot at the command's compression level (the snapshotter's own
         where it gives none)."""
         if self.snapshotter is None:
-            raise SnapshotNotConfiguredError()
+            return Effect.unsupported("snapshot", "no snapshotter",
+                                      "call dsec.enable_snapshots(model, optimizer)")
         step = self._global_step()
         extra = self.extra_state() if self.extra_state is not None else {}
         seq = self.snapshotter.request(step, extra, compression_level=params.compression_level)

@@ -123,10 +123,13 @@ def report_episode_end(
     terminated: bool = True,
     truncated: bool = False,
     termination_reason: str | None = None,
+    on_training_thread: bool = True,
 ) -> None:
+    """An episode ended; on the training thread this is a step boundary too (commands are
+    applied here). ``on_training_thread=False`` from an asynchronous sampling thread."""
     current().probe.record_episode(
         reward, length, terminated=terminated, truncated=truncated,
-        termination_reason=termination_reason,
+        termination_reason=termination_reason, on_training_thread=on_training_thread,
     )
 
 
@@ -191,7 +194,9 @@ def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = 
 
 
 def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
-    """Times DDP's gradient-bucket all-reduces through a communication hook."""
+    """Times DDP's gradient-bucket all-reduces through a communication hook, the one by
+    which the actuator's gradient compression and sync priority act (unless ``inner``,
+    a hook of your own, takes its place)."""
     current().watch_ddp(ddp_model, state=state, inner=inner)
 
 
@@ -224,10 +229,11 @@ def controls() -> WorkerControls:
     return current().controls
 
 
-def autocast() -> Any:
+def autocast(dtype: str | None = None) -> Any:
     """``with dsec.autocast():`` around the forward pass; the actuator switches its dtype
-    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps."""
-    return current().controls.precision()
+    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps.
+    ``dtype``: this loop's own precision (default fp32), which an undo returns to."""
+    return current().controls.precision(dtype)
 
 
 def enable_snapshots(

@@ -183,7 +183,7 @@ def demo(
     table.add_column("what")
     table.add_column("count", justify="right")
     for name in ("metrics_stored", "features_stored", "actuations_emitted",
-                 "actuations_applied", "dead_letters"):
+                 "actuations_applied", "actuations_not_applied", "dead_letters"):
         table.add_row(name, str(summary[name]))
     console.print(table)
     console.print(f"History in {summary['clickhouse']}; try: "

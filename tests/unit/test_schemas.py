@@ -106,6 +106,24 @@ def test_action_parameters_are_bounded() -> None:
     assert MemoryCapParams(limit_bytes=4 << 30).limit_bytes == 4 << 30
 
 
+def test_an_undo_may_return_to_the_workers_own_setting_and_nothing_else() -> None:
+    from pydantic import ValidationError
+
+    from dsec.schemas.actuations import (
+        GradAccumulationParams,
+        GradCompressionParams,
+        PrecisionParams,
+    )
+
+    assert PrecisionParams(dtype="original").dtype == "original"
+    assert GradCompressionParams(bits="original").bits == "original"
+    assert GradAccumulationParams(steps="original").steps == "original"
+    for model, field in ((PrecisionParams, "dtype"), (GradCompressionParams, "bits"),
+                         (GradAccumulationParams, "steps")):
+        with pytest.raises(ValidationError):
+            model(**{field: "own"})
+
+
 def test_command_expiry_is_bounded() -> None:
     common = dict(actuation_id="a" * 16, target=IDENTITY, policy_name="p", policy_version=1,
                   action=SnapshotParams(), event_time_ms=1_000)
