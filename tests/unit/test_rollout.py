@@ -14,6 +14,8 @@ from dsec.schemas.pools import PoolQuotas
 
 KEY = b"k" * 32
 BREAKER = "bandwidth-latency-breaker"
+# versions are counted from the built-in pack's own
+V = {p.name: p for p in load_builtin_policies()}[BREAKER].version
 
 
 def _records(*items) -> list[PolicyRecord]:
@@ -41,48 +43,49 @@ def _breaker(version: int, **changes) -> PolicySpec:
 
 
 def test_status_shows_the_fleet_version_canaries_and_pool_overrides() -> None:
-    view = _view([_breaker(2, pool="A")],
+    view = _view([_breaker(V + 1, pool="A")],
                  [PoolSpec(name="B", quotas=PoolQuotas(latency_cap_ms=75), reason="tuned"),
                   PoolSpec(name="C"), PoolSpec(name="D", dry_run=True)])
     rows = {row.where: row for row in view.status(BREAKER)}
     assert set(rows) == {"fleet", "pool A", "pool B", "pool D"}
-    assert (rows["fleet"].version, rows["fleet"].how) == (1, "built-in")
-    assert (rows["pool A"].version, rows["pool A"].how) == (2, "canary")
-    assert rows["pool B"].overrides == {"latency_cap_ms": 75} and rows["pool B"].version == 1
+    assert (rows["fleet"].version, rows["fleet"].how) == (V, "built-in")
+    assert (rows["pool A"].version, rows["pool A"].how) == (V + 1, "canary")
+    assert rows["pool B"].overrides == {"latency_cap_ms": 75} and rows["pool B"].version == V
     assert rows["pool D"].dry_run
     with pytest.raises(RolloutError, match="no policy nope"):
         view.status("nope")
 
 
 def test_promote_publishes_the_canary_as_the_fleets_then_removes_it() -> None:
-    view = _view([_breaker(2, pool="A", dry_run=True)])
+    view = _view([_breaker(V + 1, pool="A", dry_run=True)])
     fleet, removal = view.promote(BREAKER)
-    assert (fleet.version, fleet.pool, fleet.dry_run) == (2, None, False)
-    assert (removal.deletes, removal.pool, removal.up_to_version) == (BREAKER, "A", 2)
-    after = _view([_breaker(2, pool="A", dry_run=True), fleet, removal])
-    assert [(r.where, r.version) for r in after.status(BREAKER)] == [("fleet", 2)]
+    assert (fleet.version, fleet.pool, fleet.dry_run) == (V + 1, None, False)
+    assert (removal.deletes, removal.pool, removal.up_to_version) == (BREAKER, "A", V + 1)
+    after = _view([_breaker(V + 1, pool="A", dry_run=True), fleet, removal])
+    assert [(r.where, r.version) for r in after.status(BREAKER)] == [("fleet", V + 1)]
     with pytest.raises(RolloutError, match="no pool"):
         after.promote(BREAKER)
 
 
 def test_rollback_removes_the_canaries() -> None:
-    view = _view([_breaker(2, pool="A"), _breaker(3, pool="B")])
+    view = _view([_breaker(V + 1, pool="A"), _breaker(V + 2, pool="B")])
     with pytest.raises(RolloutError, match="name the pool"):
         view.promote(BREAKER)
-    assert [(r.pool, r.up_to_version) for r in view.rollback(BREAKER)] == [("A", 2), ("B", 3)]
+    rolled_back = [(r.pool, r.up_to_version) for r in view.rollback(BREAKER)]
+    assert rolled_back == [("A", V + 1), ("B", V + 2)]
     assert [r.pool for r in view.rollback(BREAKER, "B")] == ["B"]
     with pytest.raises(RolloutError, match="no canary running in pool C"):
         view.rollback(BREAKER, "C")
 
 
 def test_history_and_revert_of_fleet_versions() -> None:
-    view = _view([_breaker(2, params={**_breaker(1).params, "latency_cap_ms": 75})])
+    view = _view([_breaker(V + 1, params={**_breaker(V).params, "latency_cap_ms": 75})])
     history = view.history(BREAKER)
     assert [(e.scope, e.version, e.params["latency_cap_ms"]) for e in history] == [
-        ("fleet", 1, 85), ("fleet", 2, 75)]
+        ("fleet", V, 85), ("fleet", V + 1, 75)]
     reverted = view.revert(BREAKER)
-    assert (reverted.version, reverted.params["latency_cap_ms"]) == (3, 85)
-    assert view.revert(BREAKER, to=2).params["latency_cap_ms"] == 75
+    assert (reverted.version, reverted.params["latency_cap_ms"]) == (V + 2, 85)
+    assert view.revert(BREAKER, to=V + 1).params["latency_cap_ms"] == 75
     with pytest.raises(RolloutError, match="no version 9"):
         view.revert(BREAKER, to=9)
     with pytest.raises(RolloutError, match="no earlier fleet version"):
