@@ -18,6 +18,8 @@ from dsec.schemas import (
 )
 from dsec.schemas.actuations import MemoryCapParams, SnapshotParams
 from dsec.schemas.export import export_json_schemas
+from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES, fleet_identity
+from dsec.schemas.signing import canonical_bytes
 
 IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
 
@@ -68,6 +70,26 @@ def test_invalid_metrics_say_why(payload: bytes | None, fragment: str) -> None:
 def test_identifiers_are_constrained() -> None:
     with pytest.raises(DecodeError):
         decode(b'{"job_id": "j", "worker_id": "w 0; drop", "node_id": "n"}', WorkerIdentity)
+
+
+def test_an_identity_without_pool_or_labels_keeps_its_canonical_form() -> None:
+    assert canonical_bytes(IDENTITY) == b'{"job_id":"job","node_id":"n0","worker_id":"w0"}'
+    pooled = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", pool="A",
+                            labels={"rack": "r1"})
+    assert decode(encode(pooled), WorkerIdentity) == pooled
+    with pytest.raises(ValueError, match="reserved label names: pool"):
+        WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", labels={"pool": "B"})
+
+
+def test_fleet_feature_events_name_their_pool_where_a_worker_would_be() -> None:
+    event = FeatureEvent(identity=fleet_identity("job", "A"), scope="pool", window="1h",
+                         features={"breaker_trips_per_hour": 4.0}, tags={"pool": "A"})
+    assert event.identity.worker_id == "pool:A" and event.identity.node_id == "fleet"
+    assert decode(encode(event), FeatureEvent).target_pool() == "A"
+    assert fleet_identity("job").worker_id == "job" and fleet_identity("job").pool is None
+    worker = FeatureEvent(identity=IDENTITY, features={}, tags={"pool": "B"})
+    assert worker.scope == "worker" and worker.target_pool() == "B"
+    assert set(FLEET_FEATURES).isdisjoint(WORKER_FEATURES)
 
 
 def test_non_finite_features_are_refused() -> None:
