@@ -64,16 +64,22 @@ def init(
     *,
     job_id: str | None = None,
     node_id: str | None = None,
+    pool: str | None = None,
+    labels: dict[str, str] | None = None,
     optimizer: Any = None,
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
     actuate: bool = True,
 ) -> WorkerRuntime:
-    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables."""
+    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
+
+    ``pool``: the resource pool the worker runs in (``DSEC_POOL``); ``labels``: what policy
+    selectors may match it by (``DSEC_LABELS``). Both travel in its identity."""
     global _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
+    given = {"bootstrap": bootstrap, "job_id": job_id, "pool": pool, "labels": labels}
+    overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
     import socket
 
@@ -81,6 +87,8 @@ def init(
         job_id=resolved.job_id,
         worker_id=worker_id or default_worker_id(),
         node_id=node_id or resolved.node_id or socket.gethostname(),
+        pool=resolved.pool,
+        labels=resolved.labels or None,
     )
     runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
     if optimizer is not None:

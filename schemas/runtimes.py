@@ -22,11 +22,12 @@ class RuntimeRegistration(Model):
     webhook_url: AnyHttpUrl | None = None
     job_id: Identifier | None = None  # default: the gateway's job
     node_id: Identifier = "external"
+    pool: Identifier | None = None  # the resource pool it runs in
 
     def identity(self, default_job_id: str) -> WorkerIdentity:
         """Who the runtime is in events and commands; ``default_job_id``: the gateway's."""
         return WorkerIdentity(job_id=self.job_id or default_job_id, worker_id=self.runtime_id,
-                              node_id=self.node_id)
+                              node_id=self.node_id, pool=self.pool)
 
 
 class RuntimeMetricsPost(Model):
