@@ -77,6 +77,10 @@ class DsecSettings(BaseSettings):
     stream_session_timeout_s: float = Field(default=60.0, ge=6.0, le=300.0)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    # The fleet features' window (trips and interruptions are counted in it: shorten it to
+    # compress the hour) and how often each pool's and job's features are published.
+    fleet_window_s: float = Field(default=3600.0, ge=1.0, le=7 * 86400)
+    fleet_publish_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

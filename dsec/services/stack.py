@@ -34,6 +34,8 @@ from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
+from dsec.stream_jobs.fleet_agent import FLEET_JOB_TABLES, register_fleet_job
+from dsec.stream_jobs.fleet_features import FleetConfig
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -218,13 +220,19 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         )
         services_by_topic: dict[str, str] = {}
         if "stream-jobs" in options.services:
-            ensure_changelog_topics(settings, app.conf.id, list(METRICS_JOB_TABLES),
+            ensure_changelog_topics(settings, app.conf.id,
+                                    [*METRICS_JOB_TABLES, *FLEET_JOB_TABLES],
                                     app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
                 metrics=metrics, event_times=settings.event_time_window(),
             )
-            services_by_topic[topics.metrics] = "stream-jobs"
+            register_fleet_job(
+                app, topics, FleetConfig(window_s=settings.fleet_window_s,
+                                         publish_interval_s=settings.fleet_publish_interval_s),
+                metrics=metrics)
+            services_by_topic.update({topics.metrics: "stream-jobs",
+                                      topics.fleet_inputs: "stream-jobs"})
         if "policy-engine" in options.services:
             register_policy_engine(app, settings, metrics=metrics)
             services_by_topic.update({topics.features: "policy-engine",

@@ -201,6 +201,10 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                 and (value(samples, "dsec_breaker_trips_total") or 0) >= 1
                 and (value(samples, "dsec_workers_lost") or 0) >= 3  # heartbeats stopped
                 and exposed(samples, "dsec_consumer_lag_messages")
+                # the fleet job's tick after the breaker's trip and the workers' syncs
+                and (value(samples, "dsec_melt_down_count", pool="", job="job") or 0) >= 1
+                and value(samples, "dsec_gradient_sync_success_rate", pool="",
+                          job="synthetic") is not None
             )
             return samples if done else None
 
@@ -212,24 +216,23 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         assert value(samples, "dsec_events_out_total", service="stream-jobs",
                      topic=topics.features) >= len(batches)
         assert value(samples, "dsec_feature_update_latency_seconds_count") >= 1
+        # Per pool and job, from the fleet features (these workers have no pool: their job).
+        assert value(samples, "dsec_gradient_sync_success_rate", pool="",
+                     job="synthetic") == pytest.approx(0.8)
         for w in workers:
-            assert value(samples, "dsec_gradient_sync_success_rate",
-                         worker=w.worker_id) == pytest.approx(0.8)
             assert value(samples, "dsec_probe_samples_dropped_total",
                          worker=w.worker_id) == 5 * 7
         assert value(samples, "dsec_snapshot_recovery_time_seconds_count") == 3
         assert value(samples, "dsec_snapshot_recovery_time_seconds_sum") == pytest.approx(7.5)
         assert value(samples, "dsec_snapshot_recovery_time_seconds_bucket", le="4.0") == 3
-        # Absent once the workers have been silent for a minute.
-        utilisation = value(samples, "dsec_sandbox_utilization_rate")
-        assert utilisation is None or utilisation == pytest.approx(0.9)
+        assert value(samples, "dsec_sandbox_utilization_rate", pool="",
+                     job="synthetic") == pytest.approx(0.9)
         assert value(samples, "dsec_events_in_total", service="policy-engine",
                      topic=topics.features) >= 6
         assert value(samples, "dsec_actuations_total", service="policy-engine",
                      action="grad_compression", result="emitted") >= 1
         assert value(samples, "dsec_events_out_total", service="policy-engine",
                      topic=topics.actuations) >= 1
-        assert value(samples, "dsec_melt_down_count") >= 1
         assert value(samples, "dsec_policy_evaluation_latency_seconds_count") >= 1
         lags = {dict(labels)["topic"]: v for name, labels in samples
                 if name == "dsec_consumer_lag_messages"
