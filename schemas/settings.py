@@ -81,6 +81,12 @@ class DsecSettings(BaseSettings):
     # compress the hour) and how often each pool's and job's features are published.
     fleet_window_s: float = Field(default=3600.0, ge=1.0, le=7 * 86400)
     fleet_publish_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
+    # Where the alert notifier posts alerts, in Alertmanager's webhook format
+    # (DSEC_ALERT_WEBHOOK_URLS as a JSON list), and how long it waits for each; a refused
+    # post is tried again alert_webhook_attempts times in all, then dead-lettered.
+    alert_webhook_urls: list[str] = Field(default_factory=list)
+    alert_webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    alert_webhook_attempts: int = Field(default=3, ge=1, le=20)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

@@ -41,6 +41,8 @@ TOPICS: dict[str, TopicSpec] = {
         # The fleet job's input: each worker's contribution, re-keyed by its job and pool
         # so that one pool's workers meet in one partition.
         TopicSpec("fleet_inputs", "fleet-inputs.v1", 6, DAY_MS, key="job_id/pool"),
+        TopicSpec("alerts", "alerts.v1", 3, -1, compacted=True, key="alert fingerprint"),
+        TopicSpec("gpu_health", "gpu-health.v1", 3, -1, compacted=True, key="gpu_uuid"),
     )
 }
 
@@ -56,6 +58,8 @@ class TopicNames:
     decisions: str
     dead_letters: str
     fleet_inputs: str
+    alerts: str
+    gpu_health: str
 
 
 def topic_names(prefix: str = "dsec") -> TopicNames:

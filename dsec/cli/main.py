@@ -52,10 +52,12 @@ def up(
     kafka_port: Annotated[int, typer.Option(help="Port of the local broker (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the store and state live.")] = None,
     services: Annotated[
-        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink.")
-    ] = "stream-jobs,policy-engine,sink",
+        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink, "
+                               "alert-notifier.")
+    ] = "stream-jobs,policy-engine,sink,alert-notifier",
 ) -> None:
-    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink) until Ctrl-C."""
+    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink, alert
+    notifier) until Ctrl-C."""
     from dsec.services.stack import StackOptions, run_stack
 
     logging.basicConfig(

@@ -112,6 +112,11 @@ REQUESTS_REJECTED = MetricSpec(
     "HTTP requests refused, by service and reason (the ingest gateway: unauthorized, "
     "forbidden, too_large, invalid_json, too_deep, invalid_request, rate_limited, ...).",
     ("service", "reason"))
+ALERT_NOTIFICATIONS = MetricSpec(
+    "dsec_alert_notifications_total", "counter",
+    "Alert notifications posted to webhook receivers, by alert status (firing, resolved) "
+    "and result (delivered, failed: refused after every attempt).",
+    ("status", "result"))
 WORKERS_LOST = MetricSpec(
     "dsec_workers_lost", "gauge",
     "Workers silent for 3 heartbeat intervals, among those whose state this process holds.")
@@ -120,7 +125,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, FEATURE_UPDATE_LATENCY,
     POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, GRADIENT_SYNC_SUCCESS_RATE,
     SNAPSHOT_RECOVERY_TIME, SANDBOX_UTILIZATION_RATE, ACTUATIONS, PROBE_SAMPLES_DROPPED,
-    WORKERS_LOST, REQUESTS_REJECTED,
+    WORKERS_LOST, REQUESTS_REJECTED, ALERT_NOTIFICATIONS,
 )
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOGUE)
 
@@ -136,6 +141,8 @@ SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
     "ingest-gateway": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS,
                        REQUESTS_REJECTED),
     "node-actuator": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS),
+    "alert-notifier": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
+                       ALERT_NOTIFICATIONS),
 }
 
 

@@ -21,6 +21,7 @@ from dsec.schemas import (
     GpuProfileEvent,
     PolicyDecision,
 )
+from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
 from dsec.schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,11 @@ def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
             _event_id),
         topics.dead_letters: TableRoute(
             "dead_letters", rows.DEAD_LETTER_COLUMNS, DeadLetter, rows.dead_letter_rows,
+            _event_id),
+        topics.alerts: TableRoute(
+            "alerts", rows.ALERT_COLUMNS, AlertEvent, rows.alert_rows, _event_id),
+        topics.gpu_health: TableRoute(
+            "gpu_health", rows.GPU_HEALTH_COLUMNS, GpuHealthEvent, rows.gpu_health_rows,
             _event_id),
     }
 

@@ -148,7 +148,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         sink_url = f"http://127.0.0.1:{stack_port + 1}"
         # The sink child writes the state file; the stack adds its endpoints right after.
         wait_for(lambda: read_stack_state(tmp_path / "stack")["metrics_endpoints"] == {
-            "stream-jobs": stack_url, "policy-engine": stack_url, "sink": sink_url}, 30,
+            "stream-jobs": stack_url, "policy-engine": stack_url, "sink": sink_url,
+            "alert-notifier": stack_url}, 30,
             what="the endpoints in the state file")
         node_url = f"http://127.0.0.1:{node_port}"
         gateway_url = f"http://127.0.0.1:{gateway_port}"

@@ -56,7 +56,7 @@ def test_catalogue_names_follow_prometheus_conventions() -> None:
         "dsec_breaker_trips_total", "dsec_gradient_sync_success_rate",
         "dsec_snapshot_recovery_time_seconds", "dsec_sandbox_utilization_rate",
         "dsec_actuations_total", "dsec_probe_samples_dropped_total", "dsec_workers_lost",
-        "dsec_requests_rejected_total",
+        "dsec_requests_rejected_total", "dsec_alert_notifications_total",
     }
     for spec in CATALOGUE:
         assert re.fullmatch(r"dsec_[a-z_]+", spec.name)
