@@ -199,3 +199,26 @@ def test_snapshot_bench_headline_is_the_minimal_state_beside_the_full_one(tmp_pa
     assert full["snapshots"] == result["snapshots"] == 3
     # Without the moments and with int8 weights a snapshot is several times smaller.
     assert result["incremental_bytes_mean"] * 4 < full["incremental_bytes_mean"]
+
+
+def test_a_restore_after_init_reports_the_resume(tmp_path: Path, monkeypatch) -> None:
+    from recording import IDENTITY, RecordingTransport
+
+    import dsec
+    from dsec import facade
+    from dsec.runtime import WorkerRuntime
+    from dsec.schemas.settings import DsecSettings
+
+    _snapshot_chain(tmp_path / "chain", 3)
+    transport = RecordingTransport()
+    runtime = WorkerRuntime(DsecSettings(data_dir=tmp_path / "dsec"), IDENTITY,
+                            actuate=False, transport=transport)
+    monkeypatch.setattr(facade, "_runtime", runtime)
+    fresh, fresh_optimizer = _model_and_optimizer(seed=1)
+    dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer)
+    dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer, report=False)
+    dsec.report_resume("checkpoint", 4.5, step=7)
+    runtime.probe.flush()
+    recoveries = transport.samples("recovery")
+    assert [(r.source, r.step) for r in recoveries] == [("snapshot", 2), ("checkpoint", 7)]
+    assert 0 < recoveries[0].recovery_time_s < 30 and recoveries[1].recovery_time_s == 4.5
