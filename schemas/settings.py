@@ -87,6 +87,15 @@ class DsecSettings(BaseSettings):
     alert_webhook_urls: list[str] = Field(default_factory=list)
     alert_webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
     alert_webhook_attempts: int = Field(default=3, ge=1, le=20)
+    # How often each service process publishes its own CPU time and memory (0: never).
+    usage_report_interval_s: float = Field(default=30.0, ge=0, le=3600)
+    # `dsec report cost`: prices per GPU-hour, per CPU core-hour and per GiB-hour of memory
+    # (one currency), and the probe's share of a training step's time as measured by the
+    # probe-overhead benchmark (docs/benchmarks.md).
+    cost_gpu_hour: float = Field(default=2.5, ge=0)
+    cost_cpu_core_hour: float = Field(default=0.04, ge=0)
+    cost_memory_gib_hour: float = Field(default=0.005, ge=0)
+    probe_overhead_ratio: float = Field(default=0.004, ge=0, le=1)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

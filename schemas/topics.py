@@ -43,6 +43,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("fleet_inputs", "fleet-inputs.v1", 6, DAY_MS, key="job_id/pool"),
         TopicSpec("alerts", "alerts.v1", 3, -1, compacted=True, key="alert fingerprint"),
         TopicSpec("gpu_health", "gpu-health.v1", 3, -1, compacted=True, key="gpu_uuid"),
+        TopicSpec("process_usage", "process-usage.v1", 1, 7 * DAY_MS, key="service/host"),
     )
 }
 
@@ -60,6 +61,7 @@ class TopicNames:
     fleet_inputs: str
     alerts: str
     gpu_health: str
+    process_usage: str
 
 
 def topic_names(prefix: str = "dsec") -> TopicNames:

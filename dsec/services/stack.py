@@ -30,6 +30,7 @@ from dsec.infra.store.clickhouse import connect, ensure_schema
 from dsec.infra.store.query_server import QueryServer
 from dsec.infra.store.sink import ClickHouseSink
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
+from dsec.infra.usage_reporter import UsageReporter
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
@@ -169,6 +170,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     sink_process: subprocess.Popen[bytes] | None = None
     query_server: QueryServer | None = None
     notifier: AlertNotifier | None = None
+    usage: UsageReporter | None = None
     state_path: Path | None = None
     stopping = threading.Event()
     metrics = ProcessMetrics()
@@ -189,6 +191,14 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
                        "services": sorted(options.services)}
         faust_services = options.services & FAUST_SERVICES
         endpoints = _endpoints(metrics_server, options.services)
+        in_this_process = options.services
+        if "sink" in options.services and faust_services and options.sink_in_own_process:
+            in_this_process = options.services - {"sink"}
+        if settings.usage_report_interval_s > 0:
+            # What this process costs, for `dsec report cost` (the sink child reports its own).
+            usage = UsageReporter(producer_config(settings, "dsec-usage"), topics.process_usage,
+                                  ",".join(sorted(in_this_process)),
+                                  settings.usage_report_interval_s).start()
         if "sink" in options.services and faust_services and options.sink_in_own_process:
             # The sink decodes every sample again and writes them all: on its own process it
             # runs beside the stream jobs instead of sharing their interpreter lock.
@@ -257,6 +267,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             state_path.unlink(missing_ok=True)
         if notifier is not None:
             notifier.stop()
+        if usage is not None:
+            usage.stop()
         if query_server is not None:
             query_server.stop()
         if sink is not None:

@@ -29,6 +29,7 @@ TABLES = (
     "sink_offsets",
     "alerts",
     "gpu_health",
+    "process_usage",
 )
 RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
 _LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source", "timer", "error",

@@ -15,6 +15,7 @@ from dsec.schemas import (
     PolicyDecision,
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
+from dsec.schemas.usage import ProcessUsage
 
 Row = list
 
@@ -155,4 +156,16 @@ def gpu_health_rows(record: GpuHealthEvent) -> list[Row]:
         record.gpu_model, record.state, ms_to_datetime(record.since_ms), record.signal,
         record.reason, record.policy_name, identity.job_id if identity else "",
         identity.node_id if identity else "", identity.worker_id if identity else "",
+    ]]
+
+
+USAGE_COLUMNS = [
+    "event_time", "event_id", "service", "host", "pid", "started_at", "cpu_s", "rss_bytes",
+]
+
+
+def usage_rows(usage: ProcessUsage) -> list[Row]:
+    return [[
+        ms_to_datetime(usage.event_time_ms), usage.event_id, usage.service, usage.host,
+        usage.pid, ms_to_datetime(usage.started_at_ms), usage.cpu_s, usage.rss_bytes,
     ]]

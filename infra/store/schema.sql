@@ -228,3 +228,22 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS actuations_hourly_mv TO actuations_hourly
 SELECT toStartOfHour(event_time) AS hour, job_id, policy_name, action, count() AS actuations
 FROM actuations
 GROUP BY hour, job_id, policy_name, action;
+
+-- What the control plane itself costs: each service process's CPU time since it started
+-- and its resident memory, every 30 s (DSEC_USAGE_REPORT_INTERVAL_S).
+CREATE TABLE IF NOT EXISTS process_usage
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    service         LowCardinality(String),
+    host            LowCardinality(String),
+    pid             UInt32,
+    started_at      DateTime64(3, 'UTC'),
+    cpu_s           Float64,
+    rss_bytes       UInt64
+)
+ENGINE = MergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (service, host, started_at, event_time)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
+SETTINGS non_replicated_deduplication_window = 10000;

@@ -23,6 +23,7 @@ from dsec.schemas import (
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
 from dsec.schemas.topics import TopicNames
+from dsec.schemas.usage import ProcessUsage
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"
@@ -68,6 +69,8 @@ def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
         topics.gpu_health: TableRoute(
             "gpu_health", rows.GPU_HEALTH_COLUMNS, GpuHealthEvent, rows.gpu_health_rows,
             _event_id),
+        topics.process_usage: TableRoute(
+            "process_usage", rows.USAGE_COLUMNS, ProcessUsage, rows.usage_rows, _event_id),
     }
 
 
