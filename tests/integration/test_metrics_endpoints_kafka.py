@@ -3,6 +3,7 @@ scraped on the real broker after traffic (stack, sink child, node actuator, gate
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from feature_values import HEALTHY
 from helpers import start_stack, stop_stack, wait_for
 from policy_broker import trace
 from prometheus_client.parser import text_string_to_metric_families
+from webhook_server import RecordingWebhook
 
 from dsec.actuators.channel import Answer, Apply, Register, encode_frame, read_frame, socket_path
 from dsec.bench.traces import TraceIdentity, slow_grad_sync
@@ -135,8 +137,10 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
     env = {**os.environ, "DSEC_BOOTSTRAP": kafka_bootstrap, "DSEC_TOPIC_PREFIX": prefix,
            "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(tmp_path / "side"),
            "DSEC_RUN_DIR": str(run_dir), "DSEC_GATEWAY_TOKEN": TOKEN}
+    receiver = RecordingWebhook(answer=b"")  # where the lost workers' alerts go
     stack = start_stack(kafka_bootstrap, tmp_path / "stack", prefix,
-                        env={"DSEC_METRICS_PORT": str(stack_port)})
+                        env={"DSEC_METRICS_PORT": str(stack_port),
+                             "DSEC_ALERT_WEBHOOK_URLS": json.dumps([receiver.url])})
     node = _spawn(["actuator", "--node", "node-brk"],
                   {**env, "DSEC_METRICS_PORT": str(node_port)}, tmp_path / "node.log")
     gateway = _spawn(["ingest-gateway", "--port", str(gateway_port)],
@@ -206,6 +210,9 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                 and (value(samples, "dsec_melt_down_count", pool="", job="job") or 0) >= 1
                 and value(samples, "dsec_gradient_sync_success_rate", pool="",
                           job="synthetic") is not None
+                # the alert notifier announced the lost workers (Agent_<id>_lost)
+                and (value(samples, "dsec_alert_notifications_total", status="firing",
+                           result="delivered") or 0) >= 3
             )
             return samples if done else None
 
@@ -298,3 +305,4 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         for process in (node, gateway):
             _stop(process)
         stop_stack(stack)
+        receiver.close()
