@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsec.history import query
-from dsec.report import svg_chart
+from dsec.report import html_page, svg_chart
 from dsec.schemas.settings import DsecSettings
 
 __all__ = [
@@ -304,9 +304,4 @@ def render_cost_html(report: CostReport, tables: dict[str, tuple[list[str], list
         labels, values = charts.get(name, ([], []))
         sections.append(f"<section><h2>{html.escape(name)}</h2>"
                         f"{svg_chart('bar', labels, values)}{_table(head, rows)}</section>")
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}"
-             "table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-            + "".join(sections) + "</body></html>")
+    return html_page(title, sections)
