@@ -158,7 +158,8 @@ def test_compose_file_validates(docker_compose: str) -> None:
                for v in actuator["volumes"])
     assert [c["command"][3:5] for c in (services[s] for s in ("stream-jobs", "policy-engine",
                                                               "sink"))] == [
-        ["--services", "stream-jobs"], ["--services", "policy-engine"], ["--services", "sink"]]
+        ["--services", "stream-jobs"], ["--services", "policy-engine,alert-notifier"],
+        ["--services", "sink"]]
 
 
 def _kafka_image_properties(environment: dict[str, str]) -> dict[str, str]:
