@@ -221,6 +221,16 @@ class WorkerRuntime:
         self.controls.snapshot.attach(snapshotter, extra_state)
         return snapshotter
 
+    def report_resume(self, source: str, recovery_time_s: float, step: int | None = None) -> None:
+        """The worker resumed after an interruption, from ``source`` (``snapshot``,
+        ``checkpoint`` or ``scratch``), which took ``recovery_time_s``: a recovery sample,
+        from which the fleet's snapshot recovery time is computed."""
+        self.probe.record_fields("recovery", {
+            "recovery_time_s": min(max(float(recovery_time_s), 0.0), 86400.0),
+            "source": source,
+            "step": self.probe.global_step if step is None else max(int(step), 0),
+        })
+
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
 

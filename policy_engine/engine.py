@@ -81,6 +81,18 @@ def render_alert(template: str, spec: PolicySpec, event: FeatureEvent) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "unknown"), template)
 
 
+def _decision(spec: PolicySpec, event: FeatureEvent, kind: DecisionKind, stage: int,
+              detail: str, actuation: str | None = None) -> PolicyDecision:
+    """The audit record of a decision on ``event``'s target, naming its alert and GPU."""
+    return PolicyDecision(
+        event_time_ms=event.event_time_ms, policy_name=spec.name,
+        policy_version=spec.version, identity=event.identity, decision=kind,
+        stage=stage, actuation_id=actuation, detail=detail[:2048],
+        alert=render_alert(spec.alert, spec, event)[:256] if spec.alert else None,
+        gpu_uuid=event.gpu_uuid, gpu_model=event.tags.get("gpu_model", ""),
+    )
+
+
 class Engine:
     def __init__(
         self,
@@ -221,6 +233,12 @@ class Engine:
             new, kind = decide(spec, old, bool(enter[row]), event.event_time_ms,
                                exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds),
                                cooldown_floor_s=self.limits.cooldown_floor_s)
+            resolved = False
+            if spec.alert and spec.one_shot:
+                if kind is DecisionKind.FIRED:
+                    new = replace(new, alert_open=True)
+                elif old.alert_open and not enter[row]:
+                    new, resolved = replace(new, alert_open=False), True
             if new != old:
                 if new == _IDLE:
                     states.pop(key, None)
@@ -228,6 +246,10 @@ class Engine:
                     states[key] = new
             if kind is not None:
                 self._act(unit, event, old, new, kind, out)
+            if resolved:
+                alert = render_alert(spec.alert or "", spec, event)
+                out.decisions.append(_decision(spec, event, DecisionKind.RESOLVED, 0,
+                                               f"alert {alert}; the condition no longer holds"))
 
     def _act(
         self, unit: _Unit, event: FeatureEvent, old: PolicyState,
@@ -243,11 +265,7 @@ class Engine:
 
         def audit(decision: DecisionKind, stage: int, text: str,
                   actuation: str | None = None) -> None:
-            out.decisions.append(PolicyDecision(
-                event_time_ms=event.event_time_ms, policy_name=spec.name,
-                policy_version=spec.version, identity=event.identity, decision=decision,
-                stage=stage, actuation_id=actuation, detail=text[:2048],
-            ))
+            out.decisions.append(_decision(spec, event, decision, stage, text, actuation))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
             cooldown_ms = int(cooldown_s(spec, self.limits.cooldown_floor_s) * 1000)

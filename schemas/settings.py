@@ -82,6 +82,25 @@ class DsecSettings(BaseSettings):
     stream_session_timeout_s: float = Field(default=60.0, ge=6.0, le=300.0)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    # The fleet features' window (trips and interruptions are counted in it: shorten it to
+    # compress the hour) and how often each pool's and job's features are published.
+    fleet_window_s: float = Field(default=3600.0, ge=1.0, le=7 * 86400)
+    fleet_publish_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
+    # Where the alert notifier posts alerts, in Alertmanager's webhook format
+    # (DSEC_ALERT_WEBHOOK_URLS as a JSON list), and how long it waits for each; a refused
+    # post is tried again alert_webhook_attempts times in all, then dead-lettered.
+    alert_webhook_urls: list[str] = Field(default_factory=list)
+    alert_webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    alert_webhook_attempts: int = Field(default=3, ge=1, le=20)
+    # How often each service process publishes its own CPU time and memory (0: never).
+    usage_report_interval_s: float = Field(default=30.0, ge=0, le=3600)
+    # `dsec report cost`: prices per GPU-hour, per CPU core-hour and per GiB-hour of memory
+    # (one currency), and the probe's share of a training step's time as measured by the
+    # probe-overhead benchmark (docs/benchmarks.md).
+    cost_gpu_hour: float = Field(default=2.5, ge=0)
+    cost_cpu_core_hour: float = Field(default=0.04, ge=0)
+    cost_memory_gib_hour: float = Field(default=0.005, ge=0)
+    probe_overhead_ratio: float = Field(default=0.004, ge=0, le=1)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

@@ -92,10 +92,9 @@ def target_tags(identity: WorkerIdentity, state: WorkerState | None) -> dict[str
     tags = dict(identity.labels or {})
     if identity.pool:
         tags["pool"] = identity.pool
-    if state is not None and state.gpus:
-        latest = max(state.gpus.values(), key=lambda gpu: gpu.last_time_ms)
-        if latest.model:
-            tags["gpu_model"] = latest.model[:128]
+    latest = state.latest_gpu() if state is not None else None
+    if latest is not None and latest[1]:
+        tags["gpu_model"] = latest[1][:128]
     return tags
 
 
@@ -172,9 +171,11 @@ class MetricsJob:
     def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
                        event_id: str, tags: dict[str, str] | None = None,
                        state: WorkerState | None = None) -> Output:
-        """``state``: the worker's, for the model of its GPU."""
+        """``state``: the worker's, for the UUID and model of its GPU."""
+        latest = state.latest_gpu() if state is not None else None
         event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
-                             identity=identity, window="rolling", features=values,
+                             identity=identity, gpu_uuid=latest[0] if latest else None,
+                             window="rolling", features=values,
                              tags={**target_tags(identity, state), **(tags or {})})
         return Output(self.topics.features, identity.worker_id.encode(), event)
 

@@ -56,10 +56,12 @@ def up(
     kafka_port: Annotated[int, typer.Option(help="Port of the local broker (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the store and state live.")] = None,
     services: Annotated[
-        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink.")
-    ] = "stream-jobs,policy-engine,sink",
+        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink, "
+                               "alert-notifier.")
+    ] = "stream-jobs,policy-engine,sink,alert-notifier",
 ) -> None:
-    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink) until Ctrl-C."""
+    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink, alert
+    notifier) until Ctrl-C."""
     from dsec.services.stack import StackOptions, run_stack
 
     logging.basicConfig(
@@ -285,13 +287,22 @@ def _since_ms(since: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-@app.command()
+report_app = typer.Typer(invoke_without_command=True,
+                         help="The ready analysis queries, and what training cost.")
+app.add_typer(report_app, name="report")
+
+
+@report_app.callback()
 def report(
+    ctx: typer.Context,
     html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page.")]
     = None,
     data_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
-    """Run the ready analysis queries and show them (and chart them with --html)."""
+    """Run the ready analysis queries and show them (and chart them with --html);
+    `dsec report cost` for the cost of a period."""
+    if ctx.invoked_subcommand is not None:
+        return
     from dsec.history import HistoryError
     from dsec.report import render_html, run_report
 
@@ -310,6 +321,44 @@ def report(
         console.print(table if result.rows else f"[dim]{result.query.title}: no rows[/dim]")
     if html_out is not None:
         html_out.write_text(render_html(results))
+        console.print(f"wrote {html_out}")
+
+
+@report_app.command("cost")
+def report_cost(
+    since: Annotated[str, typer.Option(help="ISO time, or a duration such as 2h or 30m.")]
+    = "24h",
+    html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page "
+                                                  "with charts.")] = None,
+    experiment: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, help="A goodput experiment's result.json: its A/B "
+        "return difference is the experiment's opportunity cost.")] = None,
+    data_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Explicit (GPU-hours per pool), hidden (the control plane, the probes) and
+    opportunity (time degraded, the experiment's A/B difference) cost since SINCE; prices
+    from DSEC_COST_GPU_HOUR, DSEC_COST_CPU_CORE_HOUR, DSEC_COST_MEMORY_GIB_HOUR."""
+    from dsec.cli.cost import cost_tables
+    from dsec.cost import cost_report, render_cost_html
+    from dsec.history import HistoryError
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        result = cost_report(settings, _since_ms(since), experiment=experiment)
+    except (HistoryError, ValueError) as exc:
+        err_console.print(f"[red]cost report failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    tables = cost_tables(result)
+    for title, (head, rows) in tables.items():
+        table = Table(title=title)
+        for column in head:
+            table.add_column(column, justify="left" if column in ("pool", "service", "host",
+                                                                 "mode", "what") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table if rows else f"[dim]{title}: none[/dim]")
+    if html_out is not None:
+        html_out.write_text(render_cost_html(result, tables))
         console.print(f"wrote {html_out}")
 
 

@@ -65,6 +65,11 @@ def docker_compose() -> str:
     return _tool("docker-compose.sh")
 
 
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return _tool("promtool.sh")
+
+
 def _parse_dsec_command(args: list[str]) -> click.Context:
     """Parses a dsec command line as the CLI does (options, types, bounds) without running it."""
     command: click.Command = typer.main.get_command(app)
@@ -153,7 +158,8 @@ def test_compose_file_validates(docker_compose: str) -> None:
                for v in actuator["volumes"])
     assert [c["command"][3:5] for c in (services[s] for s in ("stream-jobs", "policy-engine",
                                                               "sink"))] == [
-        ["--services", "stream-jobs"], ["--services", "policy-engine"], ["--services", "sink"]]
+        ["--services", "stream-jobs"], ["--services", "policy-engine,alert-notifier"],
+        ["--services", "sink"]]
 
 
 def _kafka_image_properties(environment: dict[str, str]) -> dict[str, str]:
@@ -505,6 +511,21 @@ def test_history_dashboard_queries_run_on_the_store(tmp_path: Path) -> None:
         client.close()
     empty = [title for title, count in rows_by_panel.items() if not count]
     assert not empty, f"panels with no rows over the seeded history: {empty}"
+
+
+def test_prometheus_rules_pass_promtool_and_fire_on_their_tests(promtool: str) -> None:
+    rules = INFRA / "prometheus" / "rules.yml"
+    checked = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 5 rules found" in checked.stdout
+    tested = subprocess.run([promtool, "test", "rules", "rules_test.yml"],
+                            cwd=rules.parent, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    used = set(re.findall(r"\bdsec_[a-z_]+", rules.read_text()))
+    assert {re.sub(r"_(bucket|sum|count)$", "", name) if name not in METRIC_CATALOGUE
+            else name for name in used} <= METRIC_CATALOGUE
 
 
 def test_grafana_provisioning_points_at_the_compose_services() -> None:

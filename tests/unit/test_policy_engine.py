@@ -270,3 +270,26 @@ def test_a_policy_that_fails_at_run_time_is_reported_once_and_the_others_go_on()
     errors = [d for d in result.output.decisions if d.decision is DecisionKind.EVALUATION_ERROR]
     assert len(errors) == 1 and errors[0].policy_name == "odd"
     assert [c.policy_name for c in result.output.commands] == ["worker-lost"]
+
+
+def test_gpu_alert_names_the_gpu_and_resolves_once_the_condition_clears() -> None:
+    hot = trace({**HEALTHY, "gpu_thermal_throttle_events": 2.0}, 20,
+                tags={"gpu_model": "NVIDIA H100"})
+    cool = trace(HEALTHY, 20, start_ms=1_000_000 + 20_000)
+    result = replay(_pack("gpu-degradation-snapshot"), hot + cool + cool)
+    decisions = [(d.decision, d.alert) for d in result.output.decisions]
+    assert decisions == [(DecisionKind.FIRED, "GPU_GPU-1_degraded"),
+                         (DecisionKind.SUPPRESSED_COOLDOWN, "GPU_GPU-1_degraded"),
+                         (DecisionKind.RESOLVED, "GPU_GPU-1_degraded")]
+    fired = result.output.decisions[0]
+    assert (fired.gpu_uuid, fired.gpu_model) == ("GPU-1", "NVIDIA H100")
+
+
+def test_a_staged_alert_is_resolved_by_coming_down_not_by_a_resolution_of_its_own() -> None:
+    stuck = trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10)
+    calm = trace(HEALTHY, 200, start_ms=1_000_000 + 10_000)
+    result = replay(_pack("stuck-episode"), stuck + calm)
+    kinds = [d.decision for d in result.output.decisions]
+    assert DecisionKind.RESOLVED not in kinds
+    assert kinds[-1] is DecisionKind.STAGED_DOWN
+    assert result.output.decisions[-1].alert == "Agent_w1_episode_stuck_collision_3x"
