@@ -233,3 +233,16 @@ def verifier_for(settings: DsecSettings) -> Verifier:
         log.warning("dsec: no trust list at %s yet: every signature is refused until it "
                     "is there", path)
     return TrustListVerifier(TrustListFile(path))
+
+
+def signing_env(settings: DsecSettings) -> dict[str, str]:
+    """The environment that gives a child process the keys and trust list of
+    ``settings`` (whatever data folder the child has)."""
+    env = {"DSEC_SIGNING_MODE": settings.signing_mode}
+    if settings.signing_mode == "hmac-dev":
+        env["DSEC_SIGNING_KEY"] = settings.signing_key_bytes().decode()
+        return env
+    env["DSEC_KEYS_DIR"] = str(settings.keys_directory().resolve())
+    if settings.trust_list is not None:
+        env["DSEC_TRUST_LIST"] = str(settings.trust_list.resolve())
+    return env

@@ -38,7 +38,7 @@ from dsec.infra.observability.metrics import (
 )
 from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.registry import PolicyRegistry
-from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, decode, encode
+from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, Signer, decode, encode
 from dsec.schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def register_policy_engine(
     app: App,
     topics: TopicNames,
     registry: PolicyRegistry,
-    signing_key: bytes,
+    signer: Signer,
     options: EngineOptions | None = None,
     startup_decisions: list[PolicyDecision] | None = None,
     policies_from_offset: int = 0,
@@ -187,7 +187,7 @@ def register_policy_engine(
     state_table, knob_table = _table(app, "policy-state"), _table(app, "policy-knobs")
     states = WorkerKeyedTable(state_table, worker_of_state)
     knobs = WorkerKeyedTable(knob_table, worker_of_knob)
-    engine = Engine(registry, states, knobs, signing_key)
+    engine = Engine(registry, states, knobs, signer)
 
     async def send_durably(topic: TopicT, key: bytes, value: bytes | None) -> None:
         await (await topic.send(key=key, value=value))

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
-from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecision, sign
+from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecision, Signer
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 
@@ -90,12 +90,12 @@ class Engine:
         registry: PolicyRegistry,
         states: MutableMapping[str, dict],
         knobs: MutableMapping[str, dict],
-        signing_key: bytes,
+        signer: Signer,
     ) -> None:
         self.registry = registry
         self.states = states
         self.knobs = knobs
-        self._signing_key = signing_key
+        self._signer = signer
         self._reported: set[tuple[str, int]] = set()
         self.limits = registry.limits
         self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
@@ -246,7 +246,7 @@ class Engine:
                       f"{said} stage {stage}: {action.kind} not sent, {self._over_budget}; "
                       f"{detail}")
                 continue
-            command = sign(ActuationCommand(
+            command = self._signer.sign(ActuationCommand(
                 actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                           event.identity.worker_id, spec.name, stage, said,
                                           event.event_time_ms, index),
@@ -258,7 +258,7 @@ class Engine:
                 action=action,
                 reason=f"{spec.name} v{spec.version} {said} stage {stage}{how}: "
                        f"{spec.condition}"[:1024],
-            ), self._signing_key)
+            ))
             out.commands.append(command)
             audit(kind, new.stage, f"{said} stage {stage}: {action.kind}{how}; {detail}",
                   command.actuation_id)
@@ -371,7 +371,7 @@ class Engine:
                         detail=f"resume {kind} not sent, {self._over_budget}",
                     ))
                     continue
-                command = sign(ActuationCommand(
+                command = self._signer.sign(ActuationCommand(
                     actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                               event.identity.worker_id, "resume", kind,
                                               event.event_time_ms),
@@ -383,7 +383,7 @@ class Engine:
                     action=action,
                     reason=f"{owner.name} v{owner.version} resumes {kind}: the claim above "
                            "it expired or its policy was removed",
-                ), self._signing_key)
+                ))
                 out.commands.append(command)
                 out.decisions.append(PolicyDecision(
                     event_time_ms=event.event_time_ms, policy_name=owner.name,
@@ -412,5 +412,5 @@ class Engine:
         if kind is DecisionKind.DRY_RUN:
             audit(kind, 0, f"would publish {change}; {detail}")
             return
-        out.policies.append(sign(successor, self._signing_key))
+        out.policies.append(self._signer.sign(successor))
         audit(kind, 0, f"published {change}; {detail}")

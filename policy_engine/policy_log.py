@@ -14,7 +14,14 @@ from dsec.infra.consumer_loop import (
 )
 from dsec.infra.kafka_clients import consumer_config, make_producer
 from dsec.policy_engine.registry import PolicyRejected, parse_record
-from dsec.schemas import PolicyDeletion, PolicySpec, SignatureError, encode, topic_names, verify
+from dsec.schemas import (
+    PolicyDeletion,
+    PolicySpec,
+    SignatureError,
+    Verifier,
+    encode,
+    topic_names,
+)
 from dsec.schemas.settings import DsecSettings
 
 
@@ -64,16 +71,16 @@ def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
     return writer.records, high
 
 
-def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | None:
-    """The highest version of ``name`` a record signed with ``key`` published or deleted;
-    a newer one is what the engine will run."""
+def topic_version(records: list[PolicyRecord], name: str, verifier: Verifier) -> int | None:
+    """The highest version of ``name`` a record signed with a trusted key published or
+    deleted; a newer one is what the engine will run."""
     versions = []
     for record in records:
         if record.value is None or (record.key or b"").decode("utf-8", "replace") != name:
             continue
         try:
             parsed = parse_record(record.value)
-            verify(parsed, key)
+            verifier.verify(parsed)
         except (PolicyRejected, SignatureError):
             continue
         versions.append(parsed.up_to_version if isinstance(parsed, PolicyDeletion)

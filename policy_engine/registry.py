@@ -1,9 +1,11 @@
 """The policies the engine runs: checked, signature-verified, compiled, versioned.
 
-Policies arrive from the built-in pack and from the compacted policies topic. A policy
-that does not parse, is unsigned or tampered with, or whose conditions are out of bounds
-or do not compile is rejected with a reason fit for the audit log, whatever the failure;
-the ones already running carry on. Only a signed deletion record deletes a policy.
+Policies arrive from the built-in pack (part of the installed code, so trusted as it is)
+and from the compacted policies topic. A policy from the topic that does not parse, is
+unsigned, tampered with or signed by a key not trusted to publish it, or whose conditions
+are out of bounds or do not compile is rejected with a reason fit for the audit log,
+whatever the failure; the ones already running carry on. Only a signed deletion record
+deletes a policy.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
 from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.vectorised import VectorCondition
-from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, verify
+from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, Verifier
 from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
 from dsec.schemas.policies import DecisionKind
@@ -118,8 +120,8 @@ def _audit_name(name: str) -> str:
 class PolicyRegistry:
     """Name → the running version, plus every version seen (for ``dsec policy list``)."""
 
-    def __init__(self, signing_key: bytes, limits: PolicyLimits | None = None) -> None:
-        self._signing_key = signing_key
+    def __init__(self, verifier: Verifier, limits: PolicyLimits | None = None) -> None:
+        self._verifier = verifier
         self.limits = limits or PolicyLimits()
         self._active: dict[str, CompiledPolicy] = {}
         self._versions: dict[str, dict[int, PolicySpec]] = {}
@@ -140,15 +142,24 @@ class PolicyRegistry:
     def install(self, spec: PolicySpec) -> PolicyDecision | None:
         """Verify and run ``spec``; ``None`` when it is the version already running."""
         try:
-            return self._install(spec)
+            return self._install(spec, verified=False)
         except Exception as exc:  # no policy can stop the registry
             return self._rejected(spec.name, spec.version, f"{type(exc).__name__}: {exc}")
 
-    def _install(self, spec: PolicySpec) -> PolicyDecision | None:
+    def install_trusted(self, spec: PolicySpec) -> PolicyDecision | None:
+        """Run ``spec`` with no signature checked: the built-in pack, which is part of the
+        installed code, or an offline replay's policies, trusted as given."""
         try:
-            verify(spec, self._signing_key)
-        except SignatureError as exc:
-            return self._rejected(spec.name, spec.version, f"signature: {exc}")
+            return self._install(spec, verified=True)
+        except Exception as exc:
+            return self._rejected(spec.name, spec.version, f"{type(exc).__name__}: {exc}")
+
+    def _install(self, spec: PolicySpec, verified: bool) -> PolicyDecision | None:
+        if not verified:
+            try:
+                self._verifier.verify(spec)
+            except SignatureError as exc:
+                return self._rejected(spec.name, spec.version, f"signature: {exc}")
         deleted = self._deleted_up_to.get(spec.name)
         if deleted is not None and spec.version <= deleted:
             return self._rejected(spec.name, spec.version,
@@ -212,7 +223,7 @@ class PolicyRegistry:
         covers; ``None`` when there is nothing it covers to stop."""
         name, up_to = deletion.deletes, deletion.up_to_version
         try:
-            verify(deletion, self._signing_key)
+            self._verifier.verify(deletion)
         except SignatureError as exc:
             return self._rejected(name, up_to, f"deletion signature: {exc}")
         self._deleted_up_to[name] = max(self._deleted_up_to.get(name, 0), up_to)

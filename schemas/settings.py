@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
@@ -92,6 +92,13 @@ class DsecSettings(BaseSettings):
     kafka_ssl_certificate_location: str | None = None
     kafka_ssl_key_location: str | None = None
 
+    @model_validator(mode="after")
+    def _one_signing_mode(self) -> DsecSettings:
+        if self.signing_key is not None and self.signing_mode != "hmac-dev":
+            raise ValueError("DSEC_SIGNING_KEY is the shared key of DSEC_SIGNING_MODE=hmac-dev "
+                             "(development only); Ed25519 keys are files in DSEC_KEYS_DIR")
+        return self
+
     def clickhouse_target(self) -> str:
         """The DSN given, or the embedded chDB store in the data folder."""
         if self.clickhouse_dsn:
@@ -127,7 +134,8 @@ class DsecSettings(BaseSettings):
             self.keys_directory() / "trust.json")
 
     def signing_key_bytes(self) -> bytes:
-        """The configured key, else this installation's key in the data folder (made once)."""
+        """The hmac-dev mode's shared key: the one configured, else this installation's in
+        the data folder (made once)."""
         if self.signing_key is not None:
             return self.signing_key.get_secret_value().encode()
         key_path = self.data_dir / "signing.key"

@@ -237,12 +237,3 @@ def new_keyring(
     ])
     return Keyring(signers), trust, private
 
-
-# The development mode's functions, kept for callers not yet given a Signer or Verifier.
-def sign(model: M, key: bytes) -> M:
-    """A copy of ``model`` carrying its HMAC-SHA256 signature."""
-    return HmacSigner(key).sign(model)
-
-
-def verify(model: BaseModel, key: bytes) -> None:
-    HmacVerifier(key).verify(model)

@@ -77,6 +77,8 @@ key: {{ ternary .existingKey .key (not (empty .existing)) }}
       {{- include "dsec.secretRef" (dict "root" . "existing" .Values.clickhouse.existingSecret "existingKey" .Values.clickhouse.existingSecretKey "key" "clickhouse-dsn") | nindent 6 }}
 - name: DSEC_CLICKHOUSE_TTL_DAYS
   value: {{ .Values.clickhouse.ttlDays | quote }}
+- name: DSEC_SIGNING_MODE
+  value: hmac-dev
 - name: DSEC_SIGNING_KEY
   valueFrom:
     secretKeyRef:
