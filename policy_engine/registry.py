@@ -5,7 +5,8 @@ and from the compacted policies topic. A policy from the topic that does not par
 unsigned, tampered with or signed by a key not trusted to publish it, or whose conditions
 are out of bounds or do not compile is rejected with a reason fit for the audit log,
 whatever the failure; the ones already running carry on. Only a signed deletion record
-deletes a policy.
+deletes a policy. A pool-publisher's key publishes, replaces and deletes only policies
+confined to its pools, so a pool's owner cannot narrow or stop a fleet-wide policy.
 """
 
 from __future__ import annotations
@@ -20,10 +21,18 @@ from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
 from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.vectorised import VectorCondition
-from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, Verifier
+from dsec.schemas import (
+    PolicyDecision,
+    PolicyDeletion,
+    PolicySpec,
+    SignatureError,
+    SignedBy,
+    Verifier,
+)
 from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
 from dsec.schemas.policies import DecisionKind
+from dsec.schemas.trust import KeyRole
 
 MAX_POLICY_BYTES = 64 * 1024
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_.:\-/]")
@@ -157,9 +166,12 @@ class PolicyRegistry:
     def _install(self, spec: PolicySpec, verified: bool) -> PolicyDecision | None:
         if not verified:
             try:
-                self._verifier.verify(spec)
+                signed = self._verifier.verify(spec)
             except SignatureError as exc:
                 return self._rejected(spec.name, spec.version, f"signature: {exc}")
+            outside = self._outside_pools(signed, spec.name, spec)
+            if outside is not None:
+                return self._rejected(spec.name, spec.version, outside)
         deleted = self._deleted_up_to.get(spec.name)
         if deleted is not None and spec.version <= deleted:
             return self._rejected(spec.name, spec.version,
@@ -223,9 +235,12 @@ class PolicyRegistry:
         covers; ``None`` when there is nothing it covers to stop."""
         name, up_to = deletion.deletes, deletion.up_to_version
         try:
-            self._verifier.verify(deletion)
+            signed = self._verifier.verify(deletion)
         except SignatureError as exc:
             return self._rejected(name, up_to, f"deletion signature: {exc}")
+        outside = self._outside_pools(signed, name, None)
+        if outside is not None:
+            return self._rejected(name, up_to, f"deletion: {outside}")
         self._deleted_up_to[name] = max(self._deleted_up_to.get(name, 0), up_to)
         running = self._active.get(name)
         if running is None or running.spec.version > up_to:
@@ -237,6 +252,24 @@ class PolicyRegistry:
             decision=DecisionKind.POLICY_DELETED,
             detail=f"signed deletion up to v{up_to} on the policies topic",
         )
+
+    def _outside_pools(self, signed: SignedBy, name: str, spec: PolicySpec | None) -> str | None:
+        """Why a pool-publisher's signature does not cover ``spec`` (a new version) and the
+        version of ``name`` running now; None for any other key."""
+        if signed.role is not KeyRole.POOL_PUBLISHER:
+            return None
+        running = self._active.get(name)
+        if spec is None and running is None:
+            return f"no policy {name} of pools {sorted(signed.pools)} is running"
+        for what, policy in (("it", spec), ("the version running", running and running.spec)):
+            if policy is None:
+                continue
+            pools = set(policy.selector.pools)
+            if not pools or not pools <= signed.pools:
+                return (f"pool-publisher key {signed.key_id} is for pools "
+                        f"{sorted(signed.pools)}; {what} selects "
+                        f"{sorted(pools) if pools else 'every pool'}")
+        return None
 
     @staticmethod
     def _rejected(name: str, version: int, reason: str) -> PolicyDecision:

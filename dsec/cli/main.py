@@ -17,6 +17,7 @@ from dsec.bench.cli import bench_app
 from dsec.cli.actuator import actuator_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
+from dsec.cli.keys import keys_app
 from dsec.cli.policy import policy_app
 from dsec.schemas.settings import DsecSettings
 
@@ -29,6 +30,7 @@ app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
 app.add_typer(experiment_app, name="experiment")
+app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)
 console = Console()
 err_console = Console(stderr=True)

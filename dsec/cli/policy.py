@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,14 @@ from dsec.schemas.settings import DsecSettings
 policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
 console = Console()
 err_console = Console(stderr=True)
+
+
+class Publisher(StrEnum):
+    policy = "policy-publisher"
+    pool = "pool-publisher"  # policies confined to the key's pools only
+
+
+PUBLISHER_OPTION = typer.Option("--as", help="The key to sign with: <keys dir>/<role>.pem.")
 
 
 def _load(path: Path, settings: DsecSettings | None = None):
@@ -57,6 +66,7 @@ def publish(
     file: Path,
     bump: Annotated[bool, typer.Option(help="Publish as the next version after the "
                                              "one on the topic.")] = False,
+    publisher: Annotated[Publisher, PUBLISHER_OPTION] = Publisher.policy,
 ) -> None:
     """Validate FILE, sign it with the publisher key and publish it, keyed by its name."""
     from dsec.infra.keys import signer_for, verifier_for
@@ -65,7 +75,7 @@ def publish(
 
     settings = DsecSettings()
     spec = _load(file, settings)
-    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    signer = signer_for(settings, KeyRole(publisher.value))
     running = topic_version(read_policy_log(settings)[0], spec.name, verifier_for(settings))
     if running is not None:
         if bump:
@@ -79,7 +89,9 @@ def publish(
 
 
 @policy_app.command("delete")
-def delete(name: str) -> None:
+def delete(
+    name: str, publisher: Annotated[Publisher, PUBLISHER_OPTION] = Publisher.policy,
+) -> None:
     """Delete policy NAME (built-in or published): a signed deletion of every version up
     to the latest, keyed by NAME on the compacted policies topic."""
     from dsec.infra.keys import signer_for, verifier_for
@@ -89,7 +101,7 @@ def delete(name: str) -> None:
     from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
-    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    signer = signer_for(settings, KeyRole(publisher.value))
     versions = [p.version for p in load_builtin_policies() if p.name == name]
     published = topic_version(read_policy_log(settings)[0], name, verifier_for(settings))
     if published is not None:

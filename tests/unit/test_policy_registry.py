@@ -6,13 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from keys import FORGER, KEYRING, VERIFIER
+from keys import FORGER, KEYRING, PRIVATE_KEYS, VERIFIER
 from typer.testing import CliRunner
 
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected, parse_policy
 from dsec.schemas import PolicyDeletion, PolicySpec, encode
 from dsec.schemas.policies import DecisionKind
+from dsec.schemas.signing import Ed25519Signer
+from dsec.schemas.trust import KeyRole
 
 GIB = 1 << 30
 
@@ -59,6 +61,39 @@ def test_topic_records_malformed_misnamed_and_deletions() -> None:
     deletion = encode(KEYRING.sign(PolicyDeletion(deletes="p", up_to_version=1)))
     assert registry.offer(b"p", deletion).decision is DecisionKind.POLICY_DELETED
     assert registry.get("p") is None and registry.offer(b"p", deletion) is None
+
+
+def test_a_command_signer_key_publishes_no_policy() -> None:
+    engine_key = Ed25519Signer(PRIVATE_KEYS[KeyRole.COMMAND_SIGNER])
+    registry = PolicyRegistry(VERIFIER)
+    record = registry.install(engine_key.sign(_spec()))
+    assert record.decision is DecisionKind.POLICY_REJECTED
+    assert "command-signer key; a PolicySpec needs" in record.detail
+    deletion = engine_key.sign(PolicyDeletion(deletes="p", up_to_version=1))
+    assert "command-signer key" in registry.delete(deletion).detail
+
+
+def test_a_pool_publisher_publishes_and_deletes_only_within_its_pools() -> None:
+    pool_key = Ed25519Signer(PRIVATE_KEYS[KeyRole.POOL_PUBLISHER])  # pools: ["default"]
+    registry = PolicyRegistry(VERIFIER)
+    fleet_wide = registry.install(pool_key.sign(_spec()))
+    assert fleet_wide.decision is DecisionKind.POLICY_REJECTED
+    assert "it selects every pool" in fleet_wide.detail
+    other_pool = registry.install(pool_key.sign(_spec(selector={"pools": ["default", "b"]})))
+    assert "selects ['b', 'default']" in other_pool.detail
+    ours = registry.install(pool_key.sign(_spec(selector={"pools": ["default"]})))
+    assert ours.decision is DecisionKind.POLICY_ACCEPTED
+    assert registry.delete(pool_key.sign(PolicyDeletion(deletes="p", up_to_version=1))).decision \
+        is DecisionKind.POLICY_DELETED
+    # a fleet-wide policy is neither replaced nor stopped by a pool's owner
+    registry.install(KEYRING.sign(_spec(name="q")))
+    narrowed = registry.install(pool_key.sign(_spec(name="q", version=2,
+                                                    selector={"pools": ["default"]})))
+    assert "the version running selects every pool" in narrowed.detail
+    stopped = registry.delete(pool_key.sign(PolicyDeletion(deletes="q", up_to_version=1)))
+    assert stopped.decision is DecisionKind.POLICY_REJECTED and registry.get("q") is not None
+    nothing = registry.delete(pool_key.sign(PolicyDeletion(deletes="r", up_to_version=9)))
+    assert "no policy r" in nothing.detail
 
 
 def test_every_action_parameter_is_bounded() -> None:

@@ -205,3 +205,41 @@ def test_a_configured_trust_list_makes_no_keys(tmp_path: Path) -> None:
     with pytest.raises(SignatureError, match="not in the trust list"):
         verifier.verify(keyring.sign(_command()), NOW_MS)
     assert not key_path(tmp_path, KeyRole.COMMAND_SIGNER).exists()
+
+
+def test_keys_cli_rotates_and_revokes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsec.cli import app
+
+    monkeypatch.setenv("DSEC_DATA_DIR", str(tmp_path / "dsec"))
+    runner = CliRunner()
+
+    def keys(*args: str) -> str:
+        result = runner.invoke(app, ["keys", *args])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    def listed() -> dict[str, dict]:
+        return {k["key_id"]: k for k in json.loads(keys("list", "--json"))["keys"]}
+
+    keys("generate")
+    assert runner.invoke(app, ["keys", "generate"]).exit_code == 1  # made once
+    settings = DsecSettings(data_dir=tmp_path / "dsec")
+    old = signer_for(settings, KeyRole.COMMAND_SIGNER)
+    old_id = old.sign(_command()).signature.split(":")[1]
+    assert runner.invoke(app, ["keys", "generate", "command-signer"]).exit_code == 1
+    keys("generate", "command-signer", "--replace")
+    new_id = old.sign(_command()).signature.split(":")[1]  # the file is read again
+    assert new_id != old_id
+    assert {listed()[k]["state"] for k in (old_id, new_id)} == {"valid"}  # the overlap
+    keys("revoke", old_id)
+    assert "revoked" in listed()[old_id]["state"] and listed()[new_id]["state"] == "valid"
+    outsider = tmp_path / "team-a.pem"
+    keys("generate", "pool-publisher", "--out", str(outsider), "--no-trust")
+    refused = runner.invoke(app, ["keys", "trust", str(outsider), "--role", "pool-publisher"])
+    assert refused.exit_code == 2 and "pools" in refused.output
+    keys("trust", str(outsider), "--role", "pool-publisher", "--pools", "a100,h100")
+    assert ["a100", "h100"] in [k["pools"] for k in listed().values()]
