@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helpers import wait_for
+from helpers import stop_stack, wait_for
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -240,15 +239,6 @@ def _service(args: list[str], settings: DsecSettings, user: str, password: str,
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def test_publisher_stream_jobs_and_engine_each_run_on_their_own_user(
         secured_kafka: LocalKafka, tmp_path: Path) -> None:
     """Their ACLs are enough for what they do: the publisher reads the policy log and
@@ -318,7 +308,7 @@ def test_publisher_stream_jobs_and_engine_each_run_on_their_own_user(
         assert verifier_for(admin).verify(command).role is KeyRole.COMMAND_SIGNER
     finally:
         for process in (stream_jobs, engine):
-            _stop(process)
+            stop_stack(process)
         reader.close()
     for role in ("publisher", "stream-jobs", "policy-engine"):
         assert "AUTHORIZATION_FAILED" not in (tmp_path / role / "out.log").read_text(), role

@@ -243,3 +243,11 @@ def test_keys_cli_rotates_and_revokes(tmp_path: Path, monkeypatch: pytest.Monkey
     assert refused.exit_code == 2 and "pools" in refused.output
     keys("trust", str(outsider), "--role", "pool-publisher", "--pools", "a100,h100")
     assert ["a100", "h100"] in [k["pools"] for k in listed().values()]
+
+
+def test_signing_bench_measures_each_side() -> None:
+    from dsec.bench.signing import signing_costs
+
+    costs = signing_costs(commands=100)
+    assert costs["commands"] == 100
+    assert all(value > 0 for name, value in costs.items() if name.endswith("_us"))
