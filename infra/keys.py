@@ -4,7 +4,7 @@ from its settings.
 Each role's private key is a PEM file of its own (owner-only), so a process is given the
 keys of the roles it signs as and no others. The trust list is a JSON or YAML file that
 verifiers re-read whenever it changes. Where neither is configured, the first process
-that needs them makes a keypair per role and a trust list of them in the data folder: the
+that signs makes a keypair per role and a trust list of them in the data folder: the
 zero-config path is Ed25519 too.
 """
 
@@ -201,7 +201,9 @@ def make_keyring(keys_dir: Path, validity_days: int = LOCAL_KEY_VALIDITY_DAYS) -
 
 def _local_keyring(settings: DsecSettings) -> None:
     """The zero-config path: with no trust list configured, the keys folder (by default
-    in the data folder) is made on first use."""
+    in the data folder) is made by the first process that signs. Never by one that only
+    verifies: a worker that made the keys its node's actuator then trusted could sign its
+    own commands."""
     keys_dir = settings.keys_directory()
     if settings.trust_list is None and not keys_dir.exists():
         make_keyring(keys_dir)
@@ -223,11 +225,11 @@ def signer_for(settings: DsecSettings, role: KeyRole,
 
 
 def verifier_for(settings: DsecSettings) -> Verifier:
-    """What this process verifies with: the trust list file (re-read when it changes); in
-    hmac-dev mode the shared key."""
+    """What this process verifies with: the trust list file (re-read when it changes, so
+    one the engine makes after this process started is read then); in hmac-dev mode the
+    shared key."""
     if settings.signing_mode == "hmac-dev":
         return HmacVerifier(settings.signing_key_bytes())
-    _local_keyring(settings)
     path = settings.trust_list_path()
     if not path.exists():
         log.warning("dsec: no trust list at %s yet: every signature is refused until it "

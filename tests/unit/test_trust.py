@@ -251,3 +251,12 @@ def test_signing_bench_measures_each_side() -> None:
     costs = signing_costs(commands=100)
     assert costs["commands"] == 100
     assert all(value > 0 for name, value in costs.items() if name.endswith("_us"))
+
+
+def test_a_verifier_makes_no_keys_and_reads_the_trust_list_once_it_is_made(
+        tmp_path: Path) -> None:
+    settings = DsecSettings(data_dir=tmp_path / "dsec")
+    verifier = verifier_for(settings)  # a worker started before the engine
+    assert not (tmp_path / "dsec" / "keys").exists()
+    signed = signer_for(settings, KeyRole.COMMAND_SIGNER).sign(_command())
+    assert verifier.verify(signed, NOW_MS).role is KeyRole.COMMAND_SIGNER
