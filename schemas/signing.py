@@ -98,10 +98,6 @@ class Keyring(Signer):
     def __init__(self, signers: Mapping[KeyRole, Signer]) -> None:
         self._signers = dict(signers)
 
-    @property
-    def roles(self) -> frozenset[KeyRole]:
-        return frozenset(self._signers)
-
     def sign(self, model: M) -> M:
         roles = roles_for(model)
         for role in roles:
@@ -177,9 +173,6 @@ class TrustListVerifier(Verifier):
         self._seen: TrustList | None = None
         self._entries: dict[str, TrustedKey] = {}
         self._public: dict[str, Ed25519PublicKey] = {}
-
-    def trusted(self) -> TrustList:
-        return self._source()
 
     def _entry(self, key_id: str) -> TrustedKey | None:
         trust = self._source()

@@ -49,5 +49,13 @@ def test_the_dev_mode_is_explicit() -> None:
 
     with pytest.raises(ValueError, match="DSEC_SIGNING_MODE=hmac-dev"):
         DsecSettings(signing_key="shared")
-    assert DsecSettings(signing_mode="hmac-dev", signing_key="shared").signing_key_bytes() == (
-        b"shared")
+    settings = DsecSettings(signing_mode="hmac-dev", signing_key="shared")
+    assert settings.signing_key_bytes() == b"shared"
+    from dsec.infra.keys import signer_for, signing_env, verifier_for
+    from dsec.schemas.trust import KeyRole
+
+    signed = signer_for(settings, KeyRole.COMMAND_SIGNER).sign(_command())
+    assert signed.signature.startswith("hmac-sha256:")
+    verifier_for(settings).verify(signed)
+    assert signing_env(settings) == {"DSEC_SIGNING_MODE": "hmac-dev",
+                                     "DSEC_SIGNING_KEY": "shared"}
