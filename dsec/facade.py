@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import SecretStr
+
 from dsec.actuators.restore import RestoredState
 from dsec.actuators.restore import restore as _restore
 from dsec.actuators.worker_controls import WorkerControls
@@ -68,12 +70,22 @@ def init(
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
     actuate: bool = True,
+    endpoint: str | None = None,
+    endpoint_token: str | None = None,
 ) -> WorkerRuntime:
-    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables."""
+    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
+
+    ``endpoint="http://dsec-control-plane:8080"`` (or ``DSEC_ENDPOINT``): a worker that
+    cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
+    buffering and drop counts; ``endpoint_token`` (``DSEC_ENDPOINT_TOKEN``) is the
+    gateway's enrolment token or this worker's runtime token.
+    """
     global _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
+    given = {"bootstrap": bootstrap, "job_id": job_id, "endpoint": endpoint,
+             "endpoint_token": SecretStr(endpoint_token) if endpoint_token else None}
+    overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
     import socket
 

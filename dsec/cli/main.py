@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dsec.bench.cli import bench_app
 from dsec.cli.actuator import actuator_command
+from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.keys import keys_app
@@ -33,6 +34,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)
+app.command("doctor")(doctor_command)
 console = Console()
 err_console = Console(stderr=True)
 
