@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -71,6 +72,41 @@ def reaction(
         typer.echo(f"dsec bench reaction failed: {exc}", err=True)
         raise typer.Exit(1) from None
     _print(result, as_json, "dsec bench reaction")
+
+
+@bench_app.command("fuzz")
+def fuzz(
+    seconds: Annotated[float, typer.Option(min=1.0, help="Seconds per target.")] = 60.0,
+    target: Annotated[list[str] | None, typer.Option(
+        help="packed-columns or policy (default: both).")] = None,
+    engine: Annotated[str, typer.Option(
+        help="auto (atheris when installed, else hypothesis), atheris or hypothesis.")] = "auto",
+    artifacts: Annotated[Path | None, typer.Option(
+        help="Where atheris writes the inputs it found (default: a temporary folder).")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The packed-column and policy decoders under a fuzzer for a fixed time each; exits 1
+    when an input broke the rule (a crash, a hang, a disagreement, a refusal naming
+    nothing)."""
+    from dsec.bench.fuzz import TARGETS, FuzzOptions, run_fuzz
+
+    try:
+        options = FuzzOptions(seconds_per_target=seconds, targets=tuple(target or TARGETS),
+                              engine=engine, artifacts_dir=artifacts)  # type: ignore[arg-type]
+        result = run_fuzz(options, say=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for name, run in result["targets"].items():
+            typer.echo(f"{name}: {run['inputs']} inputs in {run['seconds']} s with "
+                       f"{result['engine']}, {len(run['findings'])} findings")
+            for finding in run["findings"]:
+                typer.echo(f"  {finding['problem']}\n    input: {finding['input']}")
+    if any(run["findings"] for run in result["targets"].values()):
+        raise typer.Exit(1)
 
 
 bench_app.command("snapshot")(snapshot_command)

@@ -188,6 +188,8 @@ class WorkerRuntime:
         now_s = time.monotonic()
         if not over_bytes or now_s - self._memory_warned_s < MEMORY_WARNING_INTERVAL_S:
             return
+        if ActionKind.MEMORY_CAP in self.hooks.pending():
+            return  # this check puts the budget in force: the next one reports against it
         self._memory_warned_s = now_s
         detail = (f"soft memory budget exceeded: {over_bytes} bytes over {cap.limit_bytes} "
                   f"({cap.violations} violations)")
@@ -235,8 +237,11 @@ class WorkerRuntime:
         return 0
 
     def watch_ddp(self, ddp_model: Any, state: Any = None, inner: CommHook | None = None) -> None:
-        """Times every gradient bucket DDP all-reduces (``inner``: a hook of your own)."""
-        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, inner))
+        """Times every gradient bucket DDP all-reduces, through the controls' hook (gradient
+        compression, weighted by the sync priority) or ``inner``, a hook of your own (the
+        actuator's compression and sync priority then have nothing to act through)."""
+        hook = inner if inner is not None else self.controls.comm_hook()
+        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, hook))
 
     def shutdown(self) -> ProbeCounters:
         if self._undo_all_reduce is not None:

@@ -64,7 +64,9 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
                            _topic(t.actuation_results, *PRODUCE),
                            _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-node-"))),
         ("policy-engine", (_topic(t.features, *CONSUME), _topic(t.policies, *CONSUME),
-                           _topic(t.policies, *PRODUCE),  # a meta-policy's tuned versions
+                           _topic(t.pools, *CONSUME),
+                           # the policy and pool versions its meta-policies tune
+                           _topic(t.policies, *PRODUCE), _topic(t.pools, *PRODUCE),
                            _topic(t.actuations, *PRODUCE), _topic(t.decisions, *PRODUCE),
                            _topic(t.dead_letters, *PRODUCE),
                            Acl("topic", f"{prefix}-policy-engine", "prefix", FAUST_APP),
@@ -81,8 +83,9 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
         ("gateway", (_topic(t.metrics, *PRODUCE), _topic(t.actuations, *CONSUME),
                      _topic(t.actuation_results, *PRODUCE), _topic(t.dead_letters, *PRODUCE),
                      _group("dsec-gateway-webhooks-"))),
-        # dsec policy publish|delete|list: reads the policies topic whole, then writes it.
+        # dsec policy and dsec pool: read the policies and pools topics whole, then write.
         ("publisher", (_topic(t.policies, *CONSUME), _topic(t.policies, *PRODUCE),
+                       _topic(t.pools, *CONSUME), _topic(t.pools, *PRODUCE),
                        _group("dsec-policy-reader-"))),
         # dsec init: the topics and the Faust apps' changelogs, made before the services.
         ("init", (Acl("topic", f"{prefix}.", "prefix", (CREATE, DESCRIBE, DESCRIBE_CONFIGS)),

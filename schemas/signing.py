@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from dsec.schemas.actuations import ActuationCommand
 from dsec.schemas.base import now_ms as wall_clock_ms
 from dsec.schemas.policies import PolicyDeletion, PolicySpec
+from dsec.schemas.pools import PoolDeletion, PoolSpec
 from dsec.schemas.trust import KeyRole, TrustedKey, TrustList, key_id_of, public_key_bytes
 
 ED25519 = "ed25519"
@@ -40,11 +41,14 @@ SCHEME = "hmac-sha256"  # the development mode's
 M = TypeVar("M", bound=BaseModel)
 
 # Who may sign what. A command names its target and is applied by a worker; a policy or
-# a deletion changes what the engine does for the whole fleet.
+# a deletion changes what the engine does for the whole fleet; a pool, the quotas and
+# parameters of its workers.
 SIGNING_ROLES: dict[type[BaseModel], tuple[KeyRole, ...]] = {
     ActuationCommand: (KeyRole.COMMAND_SIGNER,),
-    PolicySpec: (KeyRole.POLICY_PUBLISHER, KeyRole.POOL_PUBLISHER),
-    PolicyDeletion: (KeyRole.POLICY_PUBLISHER, KeyRole.POOL_PUBLISHER),
+    PolicySpec: (KeyRole.POLICY_PUBLISHER,),
+    PolicyDeletion: (KeyRole.POLICY_PUBLISHER,),
+    PoolSpec: (KeyRole.POOL_PUBLISHER,),
+    PoolDeletion: (KeyRole.POOL_PUBLISHER,),
 }
 
 
@@ -92,8 +96,8 @@ class Ed25519Signer(Signer):
 
 class Keyring(Signer):
     """The keys one process holds, by role; each model is signed with a key of a role
-    that may sign it (the policy engine: commands with its command-signer key, tuned
-    policy versions with its policy-publisher key when it is given one)."""
+    that may sign it (the policy engine: commands with its command-signer key, the policy
+    and pool versions its meta-policies tune with its publisher keys when it has them)."""
 
     def __init__(self, signers: Mapping[KeyRole, Signer]) -> None:
         self._signers = dict(signers)
@@ -118,10 +122,10 @@ class HmacSigner(Signer):
     def __init__(self, key: bytes) -> None:
         if not key:
             raise SignatureError("empty signing key")
-        self._key = key
+        self.key = key
 
     def sign(self, model: M) -> M:
-        return _with_signature(model, f"{SCHEME}:{_hmac_digest(model, self._key)}")
+        return _with_signature(model, f"{SCHEME}:{_hmac_digest(model, self.key)}")
 
 
 @dataclass(frozen=True)
@@ -216,10 +220,10 @@ class TrustListVerifier(Verifier):
 
 def new_keyring(
     roles: tuple[KeyRole, ...] = tuple(KeyRole), *, expires_at_ms: int,
-    pools: tuple[str, ...] = ("default",),
+    pools: tuple[str, ...] = (),
 ) -> tuple[Keyring, TrustList, dict[KeyRole, Ed25519PrivateKey]]:
     """A fresh Ed25519 key per role, the keyring that signs with them and the trust list
-    that accepts them (``pools``: the pool-publisher key's)."""
+    that accepts them (``pools``: those the pool-publisher key is confined to)."""
     private = {role: Ed25519PrivateKey.generate() for role in roles}
     signers = {role: Ed25519Signer(key) for role, key in private.items()}
     trust = TrustList(keys=[

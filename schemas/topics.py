@@ -34,6 +34,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("gpu_profiles", "gpu-profiles.v1", 6, -1, compacted=True,
                   key="gpu_uuid/worker_id"),
         TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
+        TopicSpec("pools", "pools.v1", 1, -1, compacted=True, key="pool name"),
         TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
         TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
         TopicSpec("decisions", "policy-decisions.v1", 3, 7 * DAY_MS, key="policy name"),
@@ -48,6 +49,7 @@ class TopicNames:
     features: str
     gpu_profiles: str
     policies: str
+    pools: str
     actuations: str
     actuation_results: str
     decisions: str

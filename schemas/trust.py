@@ -28,7 +28,7 @@ class KeyRole(StrEnum):
 
     COMMAND_SIGNER = "command-signer"  # actuation commands: the policy engine's
     POLICY_PUBLISHER = "policy-publisher"  # any policy, and deletions
-    POOL_PUBLISHER = "pool-publisher"  # policies confined to the key's pools
+    POOL_PUBLISHER = "pool-publisher"  # pools (quotas, per-pool parameters), and deletions
 
 
 def key_id_of(public_key: bytes) -> str:
@@ -55,8 +55,8 @@ class TrustedKey(Model):
     not_before_ms: EpochMs = 0
     # Refused from this time on; set by ``dsec keys revoke``.
     revoked_at_ms: EpochMs | None = None
-    # A pool-publisher's pools: it may publish and delete policies whose selector names
-    # these pools and no others.
+    # A pool-publisher key's pools, when it is confined to some: it publishes and deletes
+    # those pools only (none listed: any pool).
     pools: Annotated[list[Identifier], Field(max_length=64)] = Field(default_factory=list)
     note: Annotated[str, Field(max_length=256)] = ""
 
@@ -66,8 +66,8 @@ class TrustedKey(Model):
             raise ValueError(f"key_id {self.key_id} is not the id of its public_key")
         if self.expires_at_ms <= self.not_before_ms:
             raise ValueError("expires_at_ms must be after not_before_ms")
-        if (self.role is KeyRole.POOL_PUBLISHER) != bool(self.pools):
-            raise ValueError("pools are given for a pool-publisher key, and only for one")
+        if self.pools and self.role is not KeyRole.POOL_PUBLISHER:
+            raise ValueError("pools are given for a pool-publisher key only")
         return self
 
     def refusal(self, now_ms: int) -> str | None:

@@ -21,6 +21,7 @@ from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.keys import keys_app
 from dsec.cli.policy import policy_app
+from dsec.cli.pool import pool_app
 from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -31,6 +32,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
+app.add_typer(pool_app, name="pool")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)
@@ -184,7 +186,7 @@ def demo(
     table.add_column("what")
     table.add_column("count", justify="right")
     for name in ("metrics_stored", "features_stored", "actuations_emitted",
-                 "actuations_applied", "dead_letters"):
+                 "actuations_applied", "actuations_not_applied", "dead_letters"):
         table.add_row(name, str(summary[name]))
     console.print(table)
     console.print(f"History in {summary['clickhouse']}; try: "

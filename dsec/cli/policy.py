@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -11,19 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.cli.policy_rollout import add_rollout_commands
 from dsec.schemas.settings import DsecSettings
 
 policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
 console = Console()
 err_console = Console(stderr=True)
-
-
-class Publisher(StrEnum):
-    policy = "policy-publisher"
-    pool = "pool-publisher"  # policies confined to the key's pools only
-
-
-PUBLISHER_OPTION = typer.Option("--as", help="The key to sign with: <keys dir>/<role>.pem.")
 
 
 def _load(path: Path, settings: DsecSettings | None = None):
@@ -66,17 +58,29 @@ def publish(
     file: Path,
     bump: Annotated[bool, typer.Option(help="Publish as the next version after the "
                                              "one on the topic.")] = False,
-    publisher: Annotated[Publisher, PUBLISHER_OPTION] = Publisher.policy,
+    canary_pool: Annotated[str | None, typer.Option(
+        help="Run this version in this pool alone (a canary): `dsec policy promote` "
+             "makes it the fleet's, `dsec policy rollback` removes it.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Audit its decisions, command nothing (with --canary-pool: "
+                          "beside the version that acts in the pool).")] = False,
 ) -> None:
-    """Validate FILE, sign it with the publisher key and publish it, keyed by its name."""
+    """Validate FILE, sign it with the policy-publisher key and publish it, keyed by its
+    name (by name@POOL for a canary)."""
     from dsec.infra.keys import signer_for, verifier_for
     from dsec.policy_engine.policy_log import publish_policy, read_policy_log, topic_version
     from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
     spec = _load(file, settings)
-    signer = signer_for(settings, KeyRole(publisher.value))
+    if canary_pool is not None or dry_run:
+        spec = _load_as(spec, canary_pool, dry_run)
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
     running = topic_version(read_policy_log(settings)[0], spec.name, verifier_for(settings))
+    if canary_pool is not None:
+        from dsec.cli.policy_rollout import rollouts
+
+        running = rollouts(settings).registry.latest_version(spec.name) or None
     if running is not None:
         if bump:
             spec = spec.model_copy(update={"version": max(spec.version, running + 1)})
@@ -85,13 +89,29 @@ def publish(
                               "version (or --bump)[/red]")
             raise typer.Exit(1)
     publish_policy(settings, signer.sign(spec))
-    console.print(f"published {spec.name} v{spec.version}")
+    where = f" as a canary in pool {canary_pool}" if canary_pool else ""
+    console.print(f"published {spec.name} v{spec.version}{where}"
+                  f"{' in dry run' if spec.dry_run else ''}")
+
+
+def _load_as(spec, pool: str | None, dry_run: bool):
+    """``spec`` as a canary of ``pool`` and/or in dry run, checked again as a whole."""
+    from pydantic import ValidationError
+
+    from dsec.schemas import PolicySpec
+    from dsec.schemas.codec import describe
+
+    body = spec.model_dump(mode="json", exclude_none=True)
+    try:
+        return PolicySpec.model_validate({**body, "pool": pool or body.get("pool"),
+                                          "dry_run": dry_run or spec.dry_run})
+    except ValidationError as exc:
+        err_console.print(f"[red]rejected: {describe(exc)}[/red]")
+        raise typer.Exit(2) from None
 
 
 @policy_app.command("delete")
-def delete(
-    name: str, publisher: Annotated[Publisher, PUBLISHER_OPTION] = Publisher.policy,
-) -> None:
+def delete(name: str) -> None:
     """Delete policy NAME (built-in or published): a signed deletion of every version up
     to the latest, keyed by NAME on the compacted policies topic."""
     from dsec.infra.keys import signer_for, verifier_for
@@ -101,7 +121,7 @@ def delete(
     from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
-    signer = signer_for(settings, KeyRole(publisher.value))
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
     versions = [p.version for p in load_builtin_policies() if p.name == name]
     published = topic_version(read_policy_log(settings)[0], name, verifier_for(settings))
     if published is not None:
@@ -206,3 +226,6 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = DsecSettings(**({"bootstrap": bootstrap} if bootstrap else {}))
     run_policy_engine(settings)
+
+
+add_rollout_commands(policy_app)

@@ -23,6 +23,7 @@ def test_who_writes_and_reads_what() -> None:
     t = topic_names("p")
     assert _who("Write", t.actuations) == {"policy-engine"}  # only the engine commands
     assert _who("Write", t.policies) == {"publisher", "policy-engine"}  # + tuned versions
+    assert _who("Write", t.pools) == {"publisher", "policy-engine"}
     assert _who("Write", t.metrics) == {"worker", "gateway"}
     assert _who("Read", t.actuations) == {"worker", "node-actuator", "gateway", "sink"}
     assert _who("Write", t.actuation_results) == {"node-actuator", "gateway"}

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from keys import FORGER, KEYRING, PRIVATE_KEYS, VERIFIER
+from keys import EXPIRES_AT_MS, FORGER, KEYRING, PRIVATE_KEYS, VERIFIER
 from typer.testing import CliRunner
 
 from dsec.policy_engine.builtin import load_builtin_policies
@@ -73,27 +73,26 @@ def test_a_command_signer_key_publishes_no_policy() -> None:
     assert "command-signer key" in registry.delete(deletion).detail
 
 
-def test_a_pool_publisher_publishes_and_deletes_only_within_its_pools() -> None:
-    pool_key = Ed25519Signer(PRIVATE_KEYS[KeyRole.POOL_PUBLISHER])  # pools: ["default"]
-    registry = PolicyRegistry(VERIFIER)
-    fleet_wide = registry.install(pool_key.sign(_spec()))
-    assert fleet_wide.decision is DecisionKind.POLICY_REJECTED
-    assert "it selects every pool" in fleet_wide.detail
-    other_pool = registry.install(pool_key.sign(_spec(selector={"pools": ["default", "b"]})))
-    assert "selects ['b', 'default']" in other_pool.detail
-    ours = registry.install(pool_key.sign(_spec(selector={"pools": ["default"]})))
-    assert ours.decision is DecisionKind.POLICY_ACCEPTED
-    assert registry.delete(pool_key.sign(PolicyDeletion(deletes="p", up_to_version=1))).decision \
-        is DecisionKind.POLICY_DELETED
-    # a fleet-wide policy is neither replaced nor stopped by a pool's owner
-    registry.install(KEYRING.sign(_spec(name="q")))
-    narrowed = registry.install(pool_key.sign(_spec(name="q", version=2,
-                                                    selector={"pools": ["default"]})))
-    assert "the version running selects every pool" in narrowed.detail
-    stopped = registry.delete(pool_key.sign(PolicyDeletion(deletes="q", up_to_version=1)))
-    assert stopped.decision is DecisionKind.POLICY_REJECTED and registry.get("q") is not None
-    nothing = registry.delete(pool_key.sign(PolicyDeletion(deletes="r", up_to_version=9)))
-    assert "no policy r" in nothing.detail
+def test_pools_take_a_pool_publisher_key_confined_or_not() -> None:
+    from dsec.policy_engine.pool_registry import PoolRegistry
+    from dsec.schemas import PoolDeletion, PoolSpec
+    from dsec.schemas.signing import TrustListVerifier, new_keyring
+
+    pools = PoolRegistry(VERIFIER)
+    assert pools.install(KEYRING.sign(PoolSpec(name="B"))).decision == "pool_accepted"
+    policy_key = Ed25519Signer(PRIVATE_KEYS[KeyRole.POLICY_PUBLISHER])
+    refused = pools.install(policy_key.sign(PoolSpec(name="C")))
+    assert "policy-publisher key; a PoolSpec needs a pool-publisher key" in refused.detail
+    team, trust, _ = new_keyring((KeyRole.POOL_PUBLISHER,), expires_at_ms=EXPIRES_AT_MS,
+                                 pools=("a100",))
+    confined = PoolRegistry(TrustListVerifier(trust))
+    assert confined.install(team.sign(PoolSpec(name="a100"))).decision == "pool_accepted"
+    other = confined.install(team.sign(PoolSpec(name="h100")))
+    assert "publishes pools ['a100'] only, not h100" in other.detail
+    stop = confined.delete(team.sign(PoolDeletion(deletes="h100", up_to_version=9)))
+    assert stop is not None and "not h100" in stop.detail
+    assert confined.delete(team.sign(PoolDeletion(deletes="a100", up_to_version=1))).decision \
+        == "pool_deleted"
 
 
 def test_every_action_parameter_is_bounded() -> None:

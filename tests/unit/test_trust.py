@@ -18,7 +18,7 @@ from dsec.infra.keys import (
     write_private_key,
     write_trust_list,
 )
-from dsec.schemas import ActuationCommand, PolicyDeletion, PolicySpec, WorkerIdentity
+from dsec.schemas import ActuationCommand, PolicyDeletion, PolicySpec, PoolSpec, WorkerIdentity
 from dsec.schemas.actuations import SnapshotParams
 from dsec.schemas.settings import DsecSettings
 from dsec.schemas.signing import (
@@ -93,13 +93,18 @@ def test_a_key_signs_only_what_its_role_may() -> None:
     deletion = keyring.sign(PolicyDeletion(deletes="p", up_to_version=1))
     assert verifier.verify(deletion, NOW_MS).role is KeyRole.POLICY_PUBLISHER
     pool = Ed25519Signer(private[KeyRole.POOL_PUBLISHER])
-    assert verifier.verify(pool.sign(_policy()), NOW_MS).pools == {"default"}
+    with pytest.raises(SignatureError, match="pool-publisher key; a PolicySpec needs"):
+        verifier.verify(pool.sign(_policy()), NOW_MS)
+    assert verifier.verify(pool.sign(PoolSpec(name="A")), NOW_MS).role is (
+        KeyRole.POOL_PUBLISHER)
+    with pytest.raises(SignatureError, match="a PoolSpec needs a pool-publisher key"):
+        verifier.verify(publisher.sign(PoolSpec(name="A")), NOW_MS)
 
 
 def test_a_keyring_without_the_role_signs_nothing() -> None:
     _, _, private = new_keyring((KeyRole.COMMAND_SIGNER,), expires_at_ms=LATER_MS)
     keyring = Keyring({KeyRole.COMMAND_SIGNER: Ed25519Signer(private[KeyRole.COMMAND_SIGNER])})
-    with pytest.raises(SignatureError, match="no policy-publisher or pool-publisher key"):
+    with pytest.raises(SignatureError, match="no policy-publisher key here"):
         keyring.sign(_policy())
 
 
@@ -129,10 +134,11 @@ def test_trust_entries_are_checked() -> None:
     body = entry.model_dump()
     with pytest.raises(ValueError, match="not the id of its public_key"):
         TrustedKey.model_validate({**body, "public_key": other.public_key})
-    with pytest.raises(ValueError, match="pools are given"):
+    with pytest.raises(ValueError, match="pools are given for a pool-publisher key only"):
         TrustedKey.model_validate({**body, "pools": ["a100"]})
-    with pytest.raises(ValueError, match="pools are given"):
-        TrustedKey.model_validate({**other.model_dump(), "role": "pool-publisher"})
+    confined = TrustedKey.model_validate({**other.model_dump(), "role": "pool-publisher",
+                                          "pools": ["a100"]})
+    assert confined.pools == ["a100"]
     with pytest.raises(ValueError, match="twice"):
         TrustList(keys=[entry, entry])
 
@@ -239,7 +245,8 @@ def test_keys_cli_rotates_and_revokes(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "revoked" in listed()[old_id]["state"] and listed()[new_id]["state"] == "valid"
     outsider = tmp_path / "team-a.pem"
     keys("generate", "pool-publisher", "--out", str(outsider), "--no-trust")
-    refused = runner.invoke(app, ["keys", "trust", str(outsider), "--role", "pool-publisher"])
+    refused = runner.invoke(app, ["keys", "trust", str(outsider), "--role", "policy-publisher",
+                                  "--pools", "a100"])
     assert refused.exit_code == 2 and "pools" in refused.output
     keys("trust", str(outsider), "--role", "pool-publisher", "--pools", "a100,h100")
     assert ["a100", "h100"] in [k["pools"] for k in listed().values()]
