@@ -18,6 +18,7 @@ from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import verifier_for
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
@@ -158,7 +159,7 @@ class WorkerRuntime:
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,
                 hooks=self.hooks,
-                signing_key=settings.signing_key_bytes(),
+                verifier=verifier_for(settings),
                 publish=self.probe.publish,
                 on_command=self.probe.wake,
                 max_future_ms=settings.command_max_future_ms(),

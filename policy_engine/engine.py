@@ -25,7 +25,7 @@ from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
 from dsec.policy_engine.tuning import Tuner, tuned
-from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, sign
+from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, Signer
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 from dsec.schemas.pools import PoolSpec
@@ -99,16 +99,16 @@ class Engine:
         registry: PolicyRegistry,
         states: MutableMapping[str, PolicyState],
         knobs: MutableMapping[str, KnobEntry],
-        signing_key: bytes,
+        signer: Signer,
         pools: PoolRegistry | None = None,
     ) -> None:
         self.registry = registry
-        self.pools = pools if pools is not None else PoolRegistry(signing_key)
+        self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
         self.states = states
         self.knobs = knobs
         self._knobs = KnobBoard(knobs, registry)
-        self._signing_key = signing_key
-        self._tuner = Tuner(registry, self.pools, signing_key)
+        self._signer = signer
+        self._tuner = Tuner(registry, self.pools, signer)
         self._reported: set[tuple[str, ...]] = set()
         self.limits = registry.limits
         self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
@@ -322,7 +322,7 @@ class Engine:
                  cause: tuple[object, ...], reason: str) -> ActuationCommand:
         """The signed command for ``owner``'s ``action`` on the event's worker; its id
         derives from the owner, the worker and ``cause``."""
-        return sign(ActuationCommand(
+        return self._signer.sign(ActuationCommand(
             actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                       event.identity.worker_id, *cause),
             event_time_ms=event.event_time_ms,
@@ -332,7 +332,7 @@ class Engine:
             policy_version=owner.version,
             action=action,
             reason=reason[:1024],
-        ), self._signing_key)
+        ))
 
     def _within_budget(self, event: FeatureEvent) -> bool:
         worker = f"{event.identity.job_id}|{event.identity.worker_id}"

@@ -259,6 +259,9 @@ def test_chart_renders_and_every_object_validates(helm: str, values: Path | None
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
             assert obj["kind"] == "ServiceMonitor"  # a CRD: no schema of Kubernetes' own
             continue
+        if obj["apiVersion"].startswith("kafka.strimzi.io/"):
+            assert obj["kind"] == "KafkaUser"  # Strimzi's CRD, checked below
+            continue
         for version in K8S_VERSIONS:
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
@@ -380,6 +383,36 @@ def test_chart_on_strimzi_uses_existing_secrets_only(helm: str) -> None:
     actuator_pod = workloads["actuator"]["spec"]["template"]["spec"]
     assert "initContainers" not in actuator_pod
     assert actuator_pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_chart_gives_each_workload_its_own_kafka_user_and_renders_their_acls(
+        helm: str) -> None:
+    from dsec.infra.kafka_acls import strimzi_users
+
+    objects = _render(helm, CHART / "ci" / "kafka-users-values.yaml")
+    users = {"stream-jobs": "dsec-stream-jobs", "policy-engine": "dsec-policy-engine",
+             "sink": "dsec-sink", "ingest-gateway": "dsec-gateway",
+             "actuator": "dsec-node-actuator"}
+    for name, workload in _workloads(objects).items():
+        pod = workload["spec"]["template"]["spec"]
+        dsec_init = [c for c in pod.get("initContainers", []) if c["name"] == "init"]
+        for container, user in [(pod["containers"][0], users[name]),
+                                *((c, "dsec-init") for c in dsec_init)]:
+            names = [item["name"] for item in container["env"]]
+            assert len(names) == len(set(names)), names
+            env = _env(container)
+            assert env["DSEC_KAFKA_SASL_USERNAME"]["value"] == user
+            assert env["DSEC_KAFKA_SASL_MECHANISM"]["value"] == "SCRAM-SHA-512"
+            assert env["DSEC_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+                "name": user, "key": "password"}
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    rendered = {o["metadata"]["name"]: o for o in objects if o["kind"] == "KafkaUser"}
+    expected = {u["metadata"]["name"]: u for u in strimzi_users("rl", "training-kafka")}
+    assert set(rendered) == set(expected)
+    for name, user in rendered.items():
+        assert user["metadata"]["namespace"] == "kafka"
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == "training-kafka"
+        assert user["spec"] == expected[name]["spec"]
 
 
 def test_chart_keeps_a_generated_signing_key_out_of_the_values(helm: str) -> None:

@@ -135,12 +135,13 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
     node_port, gateway_port, gateway_metrics_port = free_port(), free_port(), free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="dsec-run-"))  # socket paths are short
     env = {**os.environ, "DSEC_BOOTSTRAP": kafka_bootstrap, "DSEC_TOPIC_PREFIX": prefix,
-           "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(tmp_path / "side"),
+           "DSEC_KEYS_DIR": str(tmp_path / "keys"), "DSEC_DATA_DIR": str(tmp_path / "side"),
            "DSEC_RUN_DIR": str(run_dir), "DSEC_GATEWAY_TOKEN": TOKEN}
     receiver = RecordingWebhook(answer=b"")  # where the lost workers' alerts go
     stack = start_stack(kafka_bootstrap, tmp_path / "stack", prefix,
                         env={"DSEC_METRICS_PORT": str(stack_port),
-                             "DSEC_ALERT_WEBHOOK_URLS": json.dumps([receiver.url])})
+                             "DSEC_ALERT_WEBHOOK_URLS": json.dumps([receiver.url]),
+                             "DSEC_KEYS_DIR": str(tmp_path / "keys")})
     node = _spawn(["actuator", "--node", "node-brk"],
                   {**env, "DSEC_METRICS_PORT": str(node_port)}, tmp_path / "node.log")
     gateway = _spawn(["ingest-gateway", "--port", str(gateway_port)],

@@ -203,22 +203,22 @@ def test_a_deferred_claim_takes_effect_when_the_holder_lets_go() -> None:
 
 
 def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
-    low = sign(PolicySpec.model_validate({
+                                       "ttl_s": 30}}))
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
-        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}), key)
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     first = engine.evaluate(trace({**HEALTHY, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
                                    worker="w1", start_ms=1_010_000))
@@ -232,24 +232,24 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
 
 
 def test_a_deferred_claim_takes_effect_when_the_claim_above_lapses() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
+                                       "ttl_s": 30}}))
     # held while its condition holds, undone after: it never fires twice on its own
-    low = sign(PolicySpec.model_validate({
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
         "stages": [{"actions": [{"kind": "sync_priority", "level": -1}],
-                    "undo": [{"kind": "sync_priority", "level": 0}]}]}), key)
+                    "undo": [{"kind": "sync_priority", "level": 0}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     stuck = {**HEALTHY, "episode_same_end_streak": 3.0}
     first = engine.evaluate(trace({**stuck, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace(stuck, 20, start_ms=1_005_000))
