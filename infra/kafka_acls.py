@@ -68,18 +68,29 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
                            # the policy and pool versions its meta-policies tune
                            _topic(t.policies, *PRODUCE), _topic(t.pools, *PRODUCE),
                            _topic(t.actuations, *PRODUCE), _topic(t.decisions, *PRODUCE),
-                           _topic(t.dead_letters, *PRODUCE),
+                           _topic(t.dead_letters, *PRODUCE), _topic(t.process_usage, *PRODUCE),
                            Acl("topic", f"{prefix}-policy-engine", "prefix", FAUST_APP),
                            _group(f"{prefix}-policy-engine"),
+                           # the alert notifier, which runs beside it: decisions in, alert
+                           # and GPU-health changes out (and read back whole at start)
+                           _topic(t.decisions, *CONSUME), _topic(t.alerts, *CONSUME),
+                           _topic(t.gpu_health, *CONSUME), _topic(t.alerts, *PRODUCE),
+                           _topic(t.gpu_health, *PRODUCE), _group(f"{prefix}-alert-notifier"),
                            _group("dsec-policy-reader-"))),
+        # the metrics job, and the fleet job: worker features and decisions in, each
+        # worker's contribution re-keyed by pool through fleet-inputs, fleet features out
         ("stream-jobs", (_topic(t.metrics, *CONSUME), _topic(t.features, *PRODUCE),
                          _topic(t.gpu_profiles, *PRODUCE), _topic(t.dead_letters, *PRODUCE),
+                         _topic(t.features, *CONSUME), _topic(t.decisions, *CONSUME),
+                         _topic(t.fleet_inputs, *CONSUME), _topic(t.fleet_inputs, *PRODUCE),
+                         _topic(t.process_usage, *PRODUCE),
                          Acl("topic", f"{prefix}-stream-jobs", "prefix", FAUST_APP),
                          _group(f"{prefix}-stream-jobs"))),
         ("sink", (*(_topic(name, *CONSUME) for name in (
             t.metrics, t.features, t.gpu_profiles, t.actuations, t.actuation_results,
-            t.decisions, t.dead_letters)),
-            _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-clickhouse-sink"))),
+            t.decisions, t.dead_letters, t.alerts, t.gpu_health, t.process_usage)),
+            _topic(t.dead_letters, *PRODUCE), _topic(t.process_usage, *PRODUCE),
+            _group(f"{prefix}-clickhouse-sink"))),
         ("gateway", (_topic(t.metrics, *PRODUCE), _topic(t.actuations, *CONSUME),
                      _topic(t.actuation_results, *PRODUCE), _topic(t.dead_letters, *PRODUCE),
                      _group("dsec-gateway-webhooks-"))),

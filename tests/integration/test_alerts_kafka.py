@@ -33,7 +33,7 @@ def _events(worker: str, features: dict, seconds: int, start_ms: int, **tags: st
 def test_alert_reaches_a_receiver_once_and_its_resolution_follows(kafka_bootstrap,
                                                                   tmp_path) -> None:
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            data_dir=tmp_path / "stack", signing_key="test-signing-key")
+                            data_dir=tmp_path / "stack")
     topics = topic_names(settings.topic_prefix)
     receiver = RecordingWebhook(answer=b"")
     start_ms = now_ms() - 300_000

@@ -38,7 +38,7 @@ def _fleet(settings: DsecSettings, worker_id: str) -> dict[str, float]:
 
 def test_pool_and_job_features_from_replayed_traces(kafka_bootstrap, tmp_path) -> None:
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            data_dir=tmp_path / "stack", signing_key="test-signing-key")
+                            data_dir=tmp_path / "stack")
     topics = topic_names(settings.topic_prefix)
     start_ms = now_ms() - 120_000
     ident = TraceIdentity(job_id=JOB, start_ms=start_ms)
