@@ -242,10 +242,13 @@ def test_a_restore_after_init_reports_the_resume(tmp_path: Path, monkeypatch) ->
                             actuate=False, transport=transport)
     monkeypatch.setattr(facade, "_runtime", runtime)
     fresh, fresh_optimizer = _model_and_optimizer(seed=1)
-    dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer)
-    dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer, report=False)
-    dsec.report_resume("checkpoint", 4.5, step=7)
-    runtime.probe.flush()
+    try:
+        dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer)
+        dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer, report=False)
+        dsec.report_resume("checkpoint", 4.5, step=7)
+        runtime.probe.flush()
+    finally:
+        runtime.shutdown()  # undoes its hooks (all_reduce among them) for the tests after it
     recoveries = transport.samples("recovery")
     assert [(r.source, r.step) for r in recoveries] == [("snapshot", 2), ("checkpoint", 7)]
     assert 0 < recoveries[0].recovery_time_s < 30 and recoveries[1].recovery_time_s == 4.5
