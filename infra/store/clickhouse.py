@@ -30,6 +30,9 @@ TABLES = (
     "alerts",
     "gpu_health",
     "process_usage",
+    "gpu_personalities",
+    "workload_affinity",
+    "gpu_topology",
 )
 RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
 _LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source", "timer", "error",
