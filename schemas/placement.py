@@ -21,9 +21,8 @@ PersonalityRegime = Literal["short", "medium", "long", "all"]
 PersonalityScope = Literal["gpu", "model"]
 # What links two GPUs of one node, best first, as nvmlDeviceGetTopologyCommonAncestor and
 # the NVLink state say it.
-LinkKind = Literal["nvlink", "board", "pcie_switch", "pcie_multi", "host_bridge", "system"]
-LINK_KINDS: tuple[str, ...] = ("nvlink", "board", "pcie_switch", "pcie_multi", "host_bridge",
-                               "system")
+LinkKind = Literal["nvlink", "board", "pcie_switch", "pcie_multi", "host_bridge", "node",
+                   "system"]
 
 
 class RegimeStats(Model):
