@@ -76,5 +76,5 @@ def prioritize_nodes(args: dict[str, Any], answer: Recommendation,
     for name in _node_names(args):
         score = 0.0 if name in known_but_unusable else best.get(name, unknown_score)
         out.append({"host": name,
-                    "score": int(round(min(max(score, 0.0), 1.0) * MAX_EXTENDER_PRIORITY))})
+                    "score": round(min(max(score, 0.0), 1.0) * MAX_EXTENDER_PRIORITY)})
     return out
