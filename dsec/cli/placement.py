@@ -51,17 +51,73 @@ def serve(
     port: Annotated[int, typer.Option(envvar="DSEC_PLACEMENT_PORT")] = 8470,
     hold_s: HoldOption = 600.0,
     refresh_s: Annotated[float, typer.Option(help="How often the history is read again.")] = 5.0,
+    with_personalities: Annotated[bool, typer.Option(
+        "--personalities", help="Run the personality job in this process too.")] = False,
+    with_labels: Annotated[bool, typer.Option(
+        "--label-nodes", help="Keep Kubernetes node labels and taints in step too.")] = False,
+    label_interval_s: Annotated[float, typer.Option()] = 30.0,
+    bootstrap: BootstrapOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """The recommendation API and kube-scheduler extender (OpenAPI at /openapi.json)."""
+    """The recommendation API and kube-scheduler extender (OpenAPI at /openapi.json), with
+    /metrics and /healthz on DSEC_METRICS_PORT."""
     import uvicorn
 
+    from dsec.infra.observability import ProcessMetrics
+    from dsec.infra.observability.server import MetricsServer
     from dsec.placement.api import HistorySource, make_app
     from dsec.placement.ranking import PlacementConfig
 
-    source = HistorySource(_query(_settings(data_dir=data_dir)), refresh_s=refresh_s)
-    uvicorn.run(make_app(source, PlacementConfig(hold_s=hold_s)), host=host, port=port,
-                log_level="warning")
+    settings = _settings(data_dir=data_dir, bootstrap=bootstrap)
+    metrics = ProcessMetrics()
+    server = (MetricsServer(metrics, settings.metrics_host, settings.metrics_port).start()
+              if settings.metrics_port else None)
+    service = labeller = None
+    if with_personalities:
+        from dsec.services.personality import PersonalityService
+
+        service = PersonalityService(settings, metrics)
+        service.start()
+    if with_labels:
+        labeller = _start_labeller(settings, hold_s, label_interval_s)
+    source = HistorySource(_query(settings), refresh_s=refresh_s)
+    try:
+        uvicorn.run(make_app(source, PlacementConfig(hold_s=hold_s)), host=host, port=port,
+                    log_level="warning")
+    finally:
+        if labeller is not None:
+            labeller.set()
+        if service is not None:
+            service.stop()
+        if server is not None:
+            server.stop()
+
+
+def _start_labeller(settings: DsecSettings, hold_s: float,
+                    interval_s: float) -> threading.Event:
+    """The node labeller on a thread of its own; set the event to stop it."""
+    from dsec.placement.node_labels import NodeLabeller, kubernetes_core_api
+
+    try:
+        api = kubernetes_core_api()
+    except ImportError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    labeller = NodeLabeller(api, _query(settings), hold_s=hold_s)
+    stopping = threading.Event()
+
+    def run() -> None:
+        while not stopping.is_set():
+            try:
+                changed = labeller.sync()
+                if changed:
+                    console.print(f"nodes updated: {', '.join(changed)}")
+            except Exception as exc:  # the API server or the store away: try next round
+                err_console.print(f"[yellow]node labels not synced:[/yellow] {exc}")
+            stopping.wait(interval_s)
+
+    threading.Thread(target=run, name="dsec-node-labels", daemon=True).start()
+    return stopping
 
 
 @placement_app.command()
@@ -180,24 +236,10 @@ def label_nodes(
     hold_s: HoldOption = 600.0,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Keep Kubernetes node labels and taints in step with GPU health (needs the
-    `kubernetes` client and a kubeconfig or in-cluster service account)."""
-    from dsec.placement.node_labels import NodeLabeller, kubernetes_core_api
-
+    """Keep Kubernetes node labels and taints in step with GPU health until Ctrl-C (needs
+    the `kubernetes` client and a kubeconfig or in-cluster service account)."""
+    stopping = _start_labeller(_settings(data_dir=data_dir), hold_s, interval_s)
     try:
-        api = kubernetes_core_api()
-    except ImportError as exc:
-        err_console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
-    labeller = NodeLabeller(api, _query(_settings(data_dir=data_dir)), hold_s=hold_s)
-    stopping = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopping.set())
-    while not stopping.is_set():
-        try:
-            changed = labeller.sync()
-            if changed:
-                console.print(f"nodes updated: {', '.join(changed)}")
-        except Exception as exc:  # the API server or the store away: try again next round
-            err_console.print(f"[yellow]sync failed:[/yellow] {exc}")
-        stopping.wait(interval_s)
+        _wait_for_signal()
+    finally:
+        stopping.set()
