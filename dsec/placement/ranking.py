@@ -95,8 +95,8 @@ def _affinity_factor(history: PlacementHistory, workload: str, gpu_model: str,
 
 def _filtered_why(history: PlacementHistory, uuid: str, pool: str, request: RecommendRequest,
                   now_ms: int, config: PlacementConfig) -> str | None:
-    if request.pool is not None and pool and pool != request.pool:
-        return f"in pool {pool}, not {request.pool}"
+    if request.pool is not None and pool != request.pool:
+        return f"in pool {pool or '(none)'}, not {request.pool}"
     health = history.health.get(uuid)
     if health is None:
         return None

@@ -78,8 +78,9 @@ def test_pool_filter_and_an_unknown_gpu() -> None:
         gpus={"GPU-a": GpuRecord("GPU-a", "X", "n1", "other", 0.9, {"all": stats(1.0)})},
         topology={"GPU-new": Topology("n2", "X", 0, (0, 1), {})})
     answer = recommend(history, RecommendRequest(workload="w", pool="p"), NOW_MS)
-    assert answer.filtered[0].why == "in pool other, not p"
-    assert answer.chosen == ["GPU-new"] and answer.ranked[0].score == 0.5
+    assert [f.why for f in answer.filtered] == ["in pool other, not p", "in pool (none), not p"]
+    anywhere = recommend(history, RecommendRequest(workload="w"), NOW_MS)
+    assert anywhere.chosen == ["GPU-a"] and anywhere.ranked[1].score == 0.5
 
 
 def test_a_communicating_group_stays_on_one_numa_node_with_nvlink() -> None:
