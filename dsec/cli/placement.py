@@ -65,7 +65,7 @@ def serve(
 
     from dsec.infra.observability import ProcessMetrics
     from dsec.infra.observability.server import MetricsServer
-    from dsec.placement.api import HistorySource, make_app
+    from dsec.placement.api import HistorySource, make_app, store_history
     from dsec.placement.ranking import PlacementConfig
 
     settings = _settings(data_dir=data_dir, bootstrap=bootstrap)
@@ -80,7 +80,7 @@ def serve(
         service.start()
     if with_labels:
         labeller = _start_labeller(settings, hold_s, label_interval_s)
-    source = HistorySource(_query(settings), refresh_s=refresh_s)
+    source = HistorySource(store_history(_query(settings)), refresh_s=refresh_s)
     try:
         uvicorn.run(make_app(source, PlacementConfig(hold_s=hold_s)), host=host, port=port,
                     log_level="warning")

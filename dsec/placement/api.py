@@ -28,16 +28,17 @@ from dsec.placement.ranking import PlacementConfig, recommend
 from dsec.schemas import now_ms
 from dsec.schemas.placement import Recommendation, RecommendRequest
 
-__all__ = ["HistorySource", "make_app", "openapi_document"]
+__all__ = ["HistorySource", "make_app", "openapi_document", "store_history"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class HistorySource:
-    """The history, read again once it is ``refresh_s`` old."""
+    """The history, read again once it is ``refresh_s`` old. ``load``: how it is read
+    (``store_history(query)`` for the store)."""
 
-    query: Query
+    load: Callable[[], PlacementHistory]
     refresh_s: float = 5.0
     clock_s: Callable[[], float] = time.monotonic
 
@@ -50,9 +51,13 @@ class HistorySource:
         with self._lock:
             now_s = self.clock_s()
             if self._history is None or now_s - self._read_at_s >= self.refresh_s:
-                self._history = read_history(self.query)
+                self._history = self.load()
                 self._read_at_s = now_s
             return self._history
+
+
+def store_history(query: Query) -> Callable[[], PlacementHistory]:
+    return lambda: read_history(query)
 
 
 def openapi_document() -> dict:

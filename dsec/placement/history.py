@@ -3,11 +3,14 @@ workload affinity, GPU health and topology."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from dsec.schemas.alerts import GpuHealthEvent
+from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
+
 __all__ = ["GpuHealth", "GpuRecord", "ModelAffinity", "PlacementHistory", "Query",
-           "read_history"]
+           "history_from_events", "read_history"]
 
 # A read-only query: ``{"columns": [...], "rows": [[...], ...]}``.
 Query = Callable[[str], dict]
@@ -107,4 +110,35 @@ def read_history(query: Query) -> PlacementHistory:
     for uuid, node, model, numa, cpus, peers, kinds in query(TOPOLOGY_SQL)["rows"]:
         history.topology[uuid] = Topology(node, model, int(numa), tuple(int(c) for c in cpus),
                                           dict(zip(peers, kinds, strict=True)))
+    return history
+
+
+PlacementEvent = GpuPersonalityEvent | WorkloadAffinityEvent | GpuHealthEvent | GpuTopologyEvent
+
+
+def history_from_events(events: Iterable[PlacementEvent]) -> PlacementHistory:
+    """The history from the events themselves (the compacted topics read whole, or a
+    simulation's), the latest per key winning as the store's ``FINAL`` has it."""
+    history = PlacementHistory()
+    for event in sorted(events, key=lambda e: e.event_time_ms):
+        if isinstance(event, GpuPersonalityEvent):
+            record = GpuRecord(
+                event.gpu_uuid, event.gpu_model, event.node_id, event.pool, event.confidence,
+                {regime: {**stats.model_dump(),
+                          "stability_score": event.stability_score.get(regime, 0.0)}
+                 for regime, stats in event.regimes.items()})
+            if event.scope == "gpu":
+                history.gpus[event.gpu_uuid] = record
+            else:
+                history.models[event.gpu_model] = record
+        elif isinstance(event, WorkloadAffinityEvent):
+            history.affinity[(event.workload, event.gpu_model)] = ModelAffinity(
+                event.ooms, event.interruptions, event.stable_s, event.observed_s)
+        elif isinstance(event, GpuHealthEvent):
+            history.health[event.gpu_uuid] = GpuHealth(event.state, event.since_ms,
+                                                       event.signal, event.reason)
+        else:
+            history.topology[event.gpu_uuid] = Topology(
+                event.node_id, event.gpu_model, event.numa_node, tuple(event.cpu_affinity),
+                dict(event.links))
     return history

@@ -3,7 +3,7 @@ behind it, and the ``count`` GPUs to use together. Pure: history in, answer out.
 
 A GPU's score is the product of factors, each one a ``Reason``:
 - its personality in the workload's regime (its own record, blended with its model's
-  while its own confidence is low);
+  while it has little time of its own there);
 - the workload's affinity with the GPU's model: OOMs and interruptions there divide it,
   stable hours there raise it.
 A degraded GPU is filtered, and stays filtered until it has been healthy for
@@ -38,6 +38,9 @@ class PlacementConfig:
     # Stable hours of the workload on a model raise its factor by up to this share.
     stable_bonus: float = 0.2
     stable_bonus_full_h: float = 4.0
+    # Seconds of a card's own record in a regime at which it weighs as much as its
+    # model's record there.
+    model_prior_s: float = 60.0
     # A GPU with no record scores this (unknown is neither good nor bad).
     unknown_score: float = 0.5
     numa_bonus: float = 0.1
@@ -64,6 +67,8 @@ def _personality_factor(gpu: GpuRecord | None, model: GpuRecord | None, regime: 
         return stats["stability_score"]
 
     own = row(gpu, f"gpu:{gpu.gpu_uuid}") if gpu is not None else None
+    own_stats = None if gpu is None else gpu.regimes.get(
+        regime if regime in gpu.regimes else "all")
     of_model = row(model, f"model:{model.gpu_model}") if model is not None else None
     if own is None and of_model is None:
         return config.unknown_score, [Reason(
@@ -73,7 +78,9 @@ def _personality_factor(gpu: GpuRecord | None, model: GpuRecord | None, regime: 
         return float(of_model), reasons  # type: ignore[arg-type]
     if of_model is None:
         return own, reasons
-    weight = gpu.confidence if gpu is not None else 0.0
+    # The model's record is the prior of a card with little time of its own in the regime.
+    own_s = (own_stats["observed_s"] + own_stats["leak_observed_s"]) if own_stats else 0.0
+    weight = own_s / (own_s + config.model_prior_s)
     return weight * own + (1.0 - weight) * of_model, reasons
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from dsec.placement.api import HistorySource, make_app
+from dsec.placement.api import HistorySource, make_app, store_history
 from dsec.placement.history import GpuHealth, GpuRecord, PlacementHistory
 from dsec.placement.ranking import PlacementConfig
 
@@ -34,8 +34,7 @@ def _history() -> PlacementHistory:
 
 @pytest.fixture
 def client() -> TestClient:
-    source = HistorySource(lambda _sql: {"rows": []})
-    source.get = _history  # type: ignore[method-assign]
+    source = HistorySource(_history, refresh_s=0)
     return TestClient(make_app(source, PlacementConfig(hold_s=60), clock_ms=lambda: NOW_MS))
 
 
@@ -93,6 +92,6 @@ def test_an_unreadable_store_answers_503() -> None:
     def broken(_sql: str) -> dict:
         raise ConnectionError("store down")
 
-    app = TestClient(make_app(HistorySource(broken)))
+    app = TestClient(make_app(HistorySource(store_history(broken))))
     answer = app.get("/v1/recommend", params={"workload": "w"})
     assert answer.status_code == 503 and "store down" in answer.json()["error"]

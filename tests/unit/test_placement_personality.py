@@ -89,3 +89,19 @@ def test_scores_and_regimes() -> None:
     clean = RegimeStats(observed_s=7200.0)
     assert stability_score(clean, config) == 1.0
     assert stability_score(RegimeStats(observed_s=7200.0, ooms=1), config) == 0.5
+
+
+def test_the_history_from_the_events_ranks_as_the_store_would() -> None:
+    from dsec.placement.history import history_from_events
+    from dsec.placement.ranking import recommend
+    from dsec.schemas.placement import RecommendRequest
+
+    job = PersonalityJob()
+    for t in range(0, 100, 10):
+        job.add_features(features("w0", "GPU-a", "A100", t, gpu_oom_total=float(t // 30)))
+        job.add_features(features("w1", "GPU-b", "H100", t))
+    history = history_from_events(job.take_changes(T0 + 100_000))
+    assert history.gpus["GPU-a"].regimes["long"]["ooms"] == 3
+    assert history.affinity[("ppo-long", "A100")].ooms == 3
+    answer = recommend(history, RecommendRequest(workload="ppo-long", regime="long"), T0)
+    assert answer.chosen == ["GPU-b"]
