@@ -92,6 +92,9 @@ class _Counters:
     observed_s: float = 0.0
     feature_events: int = 0
     workers: set[str] = field(default_factory=set)
+    # Workers counted before a restart (only how many is published): one seen again after
+    # it counts twice, so after a restart the count is an upper bound.
+    workers_before: int = 0
 
 
 @dataclass
@@ -223,8 +226,7 @@ class PersonalityJob:
                 for regime, stats in event.regimes.items():
                     gpu.regimes[regime] = _Counters(
                         stats.ooms, stats.interruptions, stats.throttle_events,
-                        stats.observed_s, stats.feature_events,
-                        {f"restored-{i}" for i in range(stats.workers)})
+                        stats.observed_s, stats.feature_events, workers_before=stats.workers)
 
     # -- output ------------------------------------------------------------------------
     def take_changes(self, now_ms: int) -> list[GpuPersonalityEvent | WorkloadAffinityEvent]:
@@ -270,7 +272,8 @@ class PersonalityJob:
                 ooms=sum(c.ooms for c in counters),
                 interruptions=sum(c.interruptions for c in counters),
                 observed_s=round(sum(c.observed_s for c in counters), 3),
-                workers=len(set().union(*(c.workers for c in counters))) if counters else 0,
+                workers=(len(set().union(*(c.workers for c in counters)))
+                         + max((c.workers_before for c in counters), default=0)),
                 feature_events=sum(c.feature_events for c in counters))
         return stats
 
