@@ -147,14 +147,21 @@ def recommend(
         err_console.print(f"[red]invalid request:[/red] {exc}")
         raise typer.Exit(2) from None
     if url:
-        import httpx
+        import urllib.error
+        import urllib.request
 
-        response = httpx.post(f"{url.rstrip('/')}/v1/recommend",
-                              json=asked.model_dump(mode="json"), timeout=30)
-        if response.status_code != 200:
-            err_console.print(f"[red]{response.status_code}:[/red] {response.text}")
-            raise typer.Exit(1)
-        answer = Recommendation.model_validate(response.json())
+        post = urllib.request.Request(
+            f"{url.rstrip('/')}/v1/recommend", data=asked.model_dump_json().encode(),
+            method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(post, timeout=30) as response:
+                answer = Recommendation.model_validate_json(response.read())
+        except urllib.error.HTTPError as exc:
+            err_console.print(f"[red]{exc.code}:[/red] {exc.read().decode(errors='replace')}")
+            raise typer.Exit(1) from None
+        except OSError as exc:
+            err_console.print(f"[red]{url} unreachable:[/red] {exc}")
+            raise typer.Exit(1) from None
     else:
         from dsec.history import HistoryError
         from dsec.placement.history import read_history

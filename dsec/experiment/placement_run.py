@@ -14,13 +14,13 @@ same first placement, so the interruptions of the two arms compare on the same s
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import threading
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import httpx
 
 from dsec.experiment.sim_gpu import GIB, GpuSpec, SimulatedGpu, SimulatedOutOfMemoryError
 from dsec.placement.api import HistorySource, make_app
@@ -115,6 +115,14 @@ class _Api:
                 raise RuntimeError("the recommendation API did not start")
         return self
 
+    def recommend(self, request: dict) -> dict:
+        """``POST /v1/recommend``, as any client of the API asks it."""
+        post = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/recommend", data=json.dumps(request).encode(),
+            method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(post, timeout=30) as response:
+            return json.loads(response.read())
+
     def __exit__(self, *_exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(10)
@@ -135,7 +143,6 @@ def _arm(scenario: PlacementScenario, seed: int, api: _Api | None,
     workers = [_Worker(f"w{i}", card, SimulatedGpu(card, GpuSpec(name=models[card])))
                for i, card in enumerate(first)]
     job = PersonalityJob()
-    client = httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) if api else None
 
     def report(worker: _Worker, step: int, **values: float) -> None:
         job.add_features(FeatureEvent(
@@ -149,14 +156,13 @@ def _arm(scenario: PlacementScenario, seed: int, api: _Api | None,
                       "gpu_oom_total": float(worker.ooms), **values}))
 
     def restart_card(worker: _Worker, step: int) -> str:
-        if client is None or api is None:
+        if api is None:
             return worker.card
         events.extend(job.take_changes(T0_MS + step * scenario.step_ms))
         api.now_ms = T0_MS + step * scenario.step_ms
-        answer = client.post("/v1/recommend", json={"workload": WORKLOAD, "regime": "long"})
-        answer.raise_for_status()
+        ranked = api.recommend({"workload": WORKLOAD, "regime": "long"})["ranked"]
         busy = {w.card for w in workers if w is not worker and w.restart_at is None}
-        return next((g["gpu_uuid"] for g in answer.json()["ranked"]
+        return next((g["gpu_uuid"] for g in ranked
                      if g["gpu_uuid"] not in busy), worker.card)
 
     for step in range(scenario.steps):
@@ -189,8 +195,6 @@ def _arm(scenario: PlacementScenario, seed: int, api: _Api | None,
             outcome.productive_steps += 1
             if step % scenario.report_every_steps == 0:
                 report(worker, step)
-    if client is not None:
-        client.close()
     return outcome
 
 

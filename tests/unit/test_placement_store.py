@@ -71,3 +71,28 @@ def test_placement_events_round_trip_through_the_store(client) -> None:
     topology = history.topology["GPU-a"]
     assert (topology.numa_node, topology.cpu_affinity, topology.links) == (
         1, (8, 9), {"GPU-b": "nvlink"})
+
+
+def test_dsec_placement_recommend_reads_the_embedded_store(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsec.cli import app
+
+    client = connect(f"chdb://{(tmp_path / 'clickhouse').resolve()}")
+    ensure_schema(client)
+    route = routes_for(topic_names("t"))[topic_names("t").gpu_personalities]
+    for uuid, score in (("GPU-good", 0.9), ("GPU-bad", 0.1)):
+        event = GpuPersonalityEvent(
+            event_time_ms=T_MS, scope="gpu", gpu_uuid=uuid, gpu_model="X", node_id="n1",
+            regimes={"all": RegimeStats(observed_s=600.0)}, stability_score={"all": score},
+            first_seen_ms=T_MS, last_seen_ms=T_MS)
+        client.insert(route.table, route.to_rows(event), column_names=route.columns)
+    client.close()
+    result = CliRunner().invoke(app, ["placement", "recommend", "--workload", "ppo", "--json",
+                                      "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)
+    assert answer["chosen"] == ["GPU-good"]
+    assert [g["gpu_uuid"] for g in answer["ranked"]] == ["GPU-good", "GPU-bad"]
