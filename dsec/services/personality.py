@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Message, Producer
 
 from dsec.infra.consumer_loop import (
     BatchWriter,
@@ -27,6 +27,7 @@ from dsec.infra.consumer_loop import (
     Start,
 )
 from dsec.infra.dead_letter_producer import DeadLetterProducer
+from dsec.infra.durable_publish import publish_durably
 from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.observability.metrics import EVENTS_IN, EVENTS_OUT, ProcessMetrics
 from dsec.infra.supervisor import LoopSupervisor
@@ -139,23 +140,12 @@ class PersonalityService(BatchWriter[Sequence[Message]]):
             raise FailedMessages(failures)
 
     def _publish(self, changes: list[GpuPersonalityEvent | WorkloadAffinityEvent]) -> None:
-        if not changes:
-            return
-        errors: list[str] = []
-
-        def delivered(error: KafkaError | None, _message: Message) -> None:
-            if error is not None:
-                errors.append(str(error))
-
-        for change in changes:
-            topic = (self.topics.gpu_personalities if isinstance(change, GpuPersonalityEvent)
-                     else self.topics.workload_affinity)
-            self._producer.produce(topic, key=change.key().encode(), value=encode(change),
-                                   on_delivery=delivered)
+        messages = [((self.topics.gpu_personalities if isinstance(change, GpuPersonalityEvent)
+                      else self.topics.workload_affinity), change.key().encode(), encode(change))
+                    for change in changes]
+        publish_durably(self._producer, messages, "personalities")
+        for topic, _key, _value in messages:
             self._out.labels(SERVICE, topic).inc()
-        left = self._producer.flush(30.0)
-        if left or errors:
-            raise OutputUnavailable(f"personalities not delivered: {left} pending, {errors}")
 
     def _dead_letter(self, message: Message, reason: str) -> None:
         self._dead_letters.publish([DeadLetter.for_message(
