@@ -62,7 +62,9 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
                     _group("dsec-worker-"))),
         ("node-actuator", (_topic(t.actuations, *CONSUME),
                            _topic(t.actuation_results, *PRODUCE),
-                           _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-node-"))),
+                           _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-node-"),
+                           # `dsec placement topology` runs beside it on each node
+                           _topic(t.gpu_topology, *PRODUCE))),
         ("policy-engine", (_topic(t.features, *CONSUME), _topic(t.policies, *CONSUME),
                            _topic(t.pools, *CONSUME),
                            # the policy and pool versions its meta-policies tune
@@ -88,9 +90,17 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
                          _group(f"{prefix}-stream-jobs"))),
         ("sink", (*(_topic(name, *CONSUME) for name in (
             t.metrics, t.features, t.gpu_profiles, t.actuations, t.actuation_results,
-            t.decisions, t.dead_letters, t.alerts, t.gpu_health, t.process_usage)),
+            t.decisions, t.dead_letters, t.alerts, t.gpu_health, t.process_usage,
+            t.gpu_personalities, t.workload_affinity, t.gpu_topology)),
             _topic(t.dead_letters, *PRODUCE), _topic(t.process_usage, *PRODUCE),
             _group(f"{prefix}-clickhouse-sink"))),
+        # the personality job: features, GPU profiles and its own history in (read back
+        # whole at start), personalities and workload affinity out
+        ("placement", (*(_topic(name, *CONSUME) for name in (
+            t.features, t.gpu_profiles, t.gpu_personalities, t.workload_affinity)),
+            _topic(t.gpu_personalities, *PRODUCE), _topic(t.workload_affinity, *PRODUCE),
+            _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-placement"),
+            _group("dsec-placement-reader-"))),
         ("gateway", (_topic(t.metrics, *PRODUCE), _topic(t.actuations, *CONSUME),
                      _topic(t.actuation_results, *PRODUCE), _topic(t.dead_letters, *PRODUCE),
                      _group("dsec-gateway-webhooks-"))),

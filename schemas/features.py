@@ -121,6 +121,8 @@ WORKER_FEATURES: dict[str, str] = {
                          "mean step time times the steps since the sample before (s)",
     "grad_syncs_total": "gradient syncs the worker reported since first seen (count)",
     "grad_syncs_failed_total": "failed gradient syncs since first seen (count)",
+    "gpu_oom_total": "out-of-memory errors the CUDA allocator counted since the worker's "
+                     "process started (count)",
 }
 
 # Published per pool and per job (``scope`` "pool" or "job"); the window is the event's.

@@ -45,6 +45,12 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("alerts", "alerts.v1", 3, -1, compacted=True, key="alert fingerprint"),
         TopicSpec("gpu_health", "gpu-health.v1", 3, -1, compacted=True, key="gpu_uuid"),
         TopicSpec("process_usage", "process-usage.v1", 1, 7 * DAY_MS, key="service/host"),
+        # Placement's history: compacted, so a restarted service reads the latest at once.
+        TopicSpec("gpu_personalities", "gpu-personalities.v1", 3, -1, compacted=True,
+                  key="gpu:<uuid> | model:<model>"),
+        TopicSpec("workload_affinity", "workload-affinity.v1", 3, -1, compacted=True,
+                  key="workload/gpu_model"),
+        TopicSpec("gpu_topology", "gpu-topology.v1", 1, -1, compacted=True, key="gpu_uuid"),
     )
 }
 
@@ -64,6 +70,9 @@ class TopicNames:
     alerts: str
     gpu_health: str
     process_usage: str
+    gpu_personalities: str
+    workload_affinity: str
+    gpu_topology: str
 
 
 def topic_names(prefix: str = "dsec") -> TopicNames:

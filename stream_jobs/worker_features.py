@@ -136,6 +136,9 @@ def update(
         gpus, jitter = _gpus(gpus, jitter, episodes.lengths_steps, frames["gpu"], config, out)
     if "heartbeat" in frames:
         heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
+    if "cuda_memory" in frames and len(frames["cuda_memory"]["oom_count"]):
+        # The allocator's own count since the process started: placement counts its rises.
+        out.features["gpu_oom_total"] = float(frames["cuda_memory"]["oom_count"].max())
     recoveries = state.recoveries
     if "recovery" in frames:
         recoveries = _recoveries(recoveries, frames["recovery"], out)

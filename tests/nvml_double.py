@@ -56,3 +56,33 @@ class NvmlTestDouble:
         if handle == 1:
             raise self.NVMLError("Not Supported")
         return 412_500  # mW
+
+    # -- topology (ingest/gpu_topology.py): the two GPUs on one NVLink bridge of two active
+    # links, GPU 0 on NUMA node 0 (CPUs 0-3, 64-65), GPU 1 on a driver without NUMA ids.
+    nvlink_active = True
+    common_ancestor = 50  # NVML_TOPOLOGY_SYSTEM, for when the NVLink is off
+
+    def nvmlDeviceGetPciInfo(self, handle: int):
+        return SimpleNamespace(busId=f"00000000:{0x17 + handle:02X}:00.0".encode())
+
+    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        return 0
+
+    def nvmlDeviceGetCpuAffinity(self, handle: int, cpu_set_size: int) -> list[int]:
+        masks = [0b1111 << (4 * handle)] + [0] * (cpu_set_size - 1)
+        if handle == 0 and cpu_set_size > 1:
+            masks[1] = 0b11
+        return masks
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        if link >= 3:
+            raise self.NVMLError("Invalid Argument")
+        return int(self.nvlink_active and link < 2)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int):
+        return self.nvmlDeviceGetPciInfo(1 - handle)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:
+        return self.common_ancestor

@@ -78,3 +78,30 @@ def goodput(
     console.print(table)
     if report is not None:
         console.print(f"report: {report}")
+
+
+@experiment_app.command("placement")
+def placement(
+    seeds: Annotated[str, typer.Option(help="Comma-separated; both arms per seed.")] = "1,2,3",
+    steps: Annotated[int, typer.Option(min=100)] = 4000,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Restarts with and without placement, on a fleet where one simulated GPU model leaks
+    on long episodes: the restarter asks the recommendation API where a worker goes."""
+    from dsec.experiment.placement_run import PlacementScenario, run_placement_arms
+
+    results = run_placement_arms(PlacementScenario(steps=steps),
+                                 [int(seed) for seed in seeds.split(",")])
+    if as_json:
+        print(json.dumps(results))
+        return
+    table = Table(title="interruptions (OOMs) with and without placement, same seeds")
+    for column in ("seed", "without", "with", "restarts on the leaky model without/with",
+                   "productive steps without/with"):
+        table.add_column(column)
+    for row in results:
+        off, on = row["without"], row["with"]
+        table.add_row(str(row["seed"]), str(off["interruptions"]), str(on["interruptions"]),
+                      f"{off['restarts_on_leaky_model']}/{on['restarts_on_leaky_model']}",
+                      f"{off['productive_steps']}/{on['productive_steps']}")
+    console.print(table)

@@ -20,6 +20,7 @@ from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.keys import keys_app
+from dsec.cli.placement import placement_app
 from dsec.cli.policy import policy_app
 from dsec.cli.pool import pool_app
 from dsec.schemas.settings import DsecSettings
@@ -33,6 +34,7 @@ app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
 app.add_typer(pool_app, name="pool")
+app.add_typer(placement_app, name="placement")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)

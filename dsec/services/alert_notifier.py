@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, Message, Producer
 
 from dsec.infra.consumer_loop import (
     BatchWriter,
@@ -35,6 +35,7 @@ from dsec.infra.consumer_loop import (
     Start,
 )
 from dsec.infra.dead_letter_producer import DeadLetterProducer, DeadLetterPublisher
+from dsec.infra.durable_publish import publish_durably
 from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.observability.metrics import (
     ALERT_NOTIFICATIONS,
@@ -207,24 +208,11 @@ class AlertNotifier(BatchWriter[Sequence[Message]]):
         return f"{problem} after {attempts} attempt(s)"
 
     def _publish(self, changes: list[AlertEvent | GpuHealthEvent]) -> None:
-        if not changes:
-            return
-        errors: list[str] = []
-
-        def delivered(error: KafkaError | None, _message: Message) -> None:
-            if error is not None:
-                errors.append(str(error))
-
-        for change in changes:
-            if isinstance(change, AlertEvent):
-                topic, key = self.topics.alerts, change.fingerprint
-            else:
-                topic, key = self.topics.gpu_health, change.gpu_uuid
-            self._producer.produce(topic, key=key.encode(), value=encode(change),
-                                   on_delivery=delivered)
-        left = self._producer.flush(30.0)
-        if left or errors:
-            raise OutputUnavailable(f"alert state not delivered: {left} pending, {errors}")
+        publish_durably(self._producer, (
+            (self.topics.alerts, change.fingerprint.encode(), encode(change))
+            if isinstance(change, AlertEvent)
+            else (self.topics.gpu_health, change.gpu_uuid.encode(), encode(change))
+            for change in changes), "alert state")
         alerts = sum(isinstance(c, AlertEvent) for c in changes)
         self._alerts_out.inc(alerts)
         self._gpu_health_out.inc(len(changes) - alerts)

@@ -35,6 +35,7 @@ from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
 from dsec.services.alert_notifier import AlertNotifier
+from dsec.services.personality import PersonalityService
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.fleet_agent import FLEET_JOB_TABLES, register_fleet_job
 from dsec.stream_jobs.fleet_features import FleetConfig
@@ -79,6 +80,8 @@ def _partition_count(settings: DsecSettings, topic: str) -> int:
 
 
 SERVICES = ("stream-jobs", "policy-engine", "sink", "alert-notifier")
+# Run only when asked for (`--services ...,placement`): the personality job.
+OPTIONAL_SERVICES = ("placement",)
 FAUST_SERVICES = frozenset({"stream-jobs", "policy-engine"})
 
 
@@ -160,7 +163,7 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> N
 
 def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     """Runs until SIGINT/SIGTERM; everything started here is stopped on the way out."""
-    unknown = options.services - set(SERVICES)
+    unknown = options.services - set(SERVICES) - set(OPTIONAL_SERVICES)
     if unknown or not options.services:
         raise ValueError(f"services must be among {', '.join(SERVICES)}; got {sorted(unknown)}")
     data_dir = settings.data_dir.resolve()
@@ -170,6 +173,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     sink_process: subprocess.Popen[bytes] | None = None
     query_server: QueryServer | None = None
     notifier: AlertNotifier | None = None
+    personalities: PersonalityService | None = None
     usage: UsageReporter | None = None
     state_path: Path | None = None
     stopping = threading.Event()
@@ -227,6 +231,9 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         if "alert-notifier" in options.services:
             notifier = AlertNotifier(settings, metrics)
             notifier.start()
+        if "placement" in options.services:
+            personalities = PersonalityService(settings, metrics)
+            personalities.start()
         if not faust_services:
             set_up.set()
             _wait_for_signal()
@@ -268,6 +275,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             state_path.unlink(missing_ok=True)
         if notifier is not None:
             notifier.stop()
+        if personalities is not None:
+            personalities.stop()
         if usage is not None:
             usage.stop()
         if query_server is not None:

@@ -30,6 +30,9 @@ TABLES = (
     "alerts",
     "gpu_health",
     "process_usage",
+    "gpu_personalities",
+    "workload_affinity",
+    "gpu_topology",
 )
 RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
 _TIME_CODEC = "CODEC(DoubleDelta, ZSTD(1))"  # a worker's samples, in time order

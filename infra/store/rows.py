@@ -15,6 +15,7 @@ from dsec.schemas import (
     PolicyDecision,
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
+from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
 from dsec.schemas.usage import ProcessUsage
 
 Row = list
@@ -168,4 +169,53 @@ def usage_rows(usage: ProcessUsage) -> list[Row]:
     return [[
         ms_to_datetime(usage.event_time_ms), usage.event_id, usage.service, usage.host,
         usage.pid, ms_to_datetime(usage.started_at_ms), usage.cpu_s, usage.rss_bytes,
+    ]]
+
+
+PERSONALITY_COLUMNS = [
+    "event_time", "event_id", "scope", "gpu_uuid", "gpu_model", "node_id", "pool", "regime",
+    "leak_bytes_per_s", "leak_observed_s", "bandwidth_jitter", "throttle_events", "ooms",
+    "interruptions", "observed_s", "workers", "feature_events", "stability_score",
+    "confidence", "first_seen", "last_seen",
+]
+
+
+def personality_rows(event: GpuPersonalityEvent) -> list[Row]:
+    when = ms_to_datetime(event.event_time_ms)
+    first, last = ms_to_datetime(event.first_seen_ms), ms_to_datetime(event.last_seen_ms)
+    return [
+        [when, event.event_id, event.scope, event.gpu_uuid, event.gpu_model, event.node_id,
+         event.pool, regime, stats.leak_bytes_per_s, stats.leak_observed_s,
+         stats.bandwidth_jitter, stats.throttle_events, stats.ooms, stats.interruptions,
+         stats.observed_s, stats.workers, stats.feature_events,
+         event.stability_score.get(regime, 0.0), event.confidence, first, last]
+        for regime, stats in sorted(event.regimes.items())
+    ]
+
+
+AFFINITY_COLUMNS = [
+    "event_time", "event_id", "workload", "gpu_model", "ooms", "interruptions", "stable_s",
+    "observed_s", "first_seen", "last_seen",
+]
+
+
+def affinity_rows(event: WorkloadAffinityEvent) -> list[Row]:
+    return [[
+        ms_to_datetime(event.event_time_ms), event.event_id, event.workload, event.gpu_model,
+        event.ooms, event.interruptions, event.stable_s, event.observed_s,
+        ms_to_datetime(event.first_seen_ms), ms_to_datetime(event.last_seen_ms),
+    ]]
+
+
+TOPOLOGY_COLUMNS = [
+    "event_time", "event_id", "node_id", "gpu_uuid", "gpu_model", "gpu_index", "numa_node",
+    "cpu_affinity", "links", "nvlink_active",
+]
+
+
+def topology_rows(event: GpuTopologyEvent) -> list[Row]:
+    return [[
+        ms_to_datetime(event.event_time_ms), event.event_id, event.node_id, event.gpu_uuid,
+        event.gpu_model, event.gpu_index, event.numa_node, list(event.cpu_affinity),
+        dict(event.links), event.nvlink_active,
     ]]

@@ -254,3 +254,64 @@ PARTITION BY toDate(event_time)
 ORDER BY (service, host, started_at, event_time)
 TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS gpu_personalities
+(
+    event_time          DateTime64(3, 'UTC'),
+    event_id            String,
+    scope               LowCardinality(String),
+    gpu_uuid            LowCardinality(String),
+    gpu_model           LowCardinality(String),
+    node_id             LowCardinality(String),
+    pool                LowCardinality(String),
+    regime              LowCardinality(String),
+    leak_bytes_per_s    Float64,
+    leak_observed_s     Float64,
+    bandwidth_jitter    Float64,
+    throttle_events     UInt64,
+    ooms                UInt64,
+    interruptions       UInt64,
+    observed_s          Float64,
+    workers             UInt64,
+    feature_events      UInt64,
+    stability_score     Float64,
+    confidence          Float64,
+    first_seen          DateTime64(3, 'UTC'),
+    last_seen           DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(event_time)
+ORDER BY (scope, gpu_model, gpu_uuid, regime)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY;
+
+CREATE TABLE IF NOT EXISTS workload_affinity
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    workload        LowCardinality(String),
+    gpu_model       LowCardinality(String),
+    ooms            UInt64,
+    interruptions   UInt64,
+    stable_s        Float64,
+    observed_s      Float64,
+    first_seen      DateTime64(3, 'UTC'),
+    last_seen       DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(event_time)
+ORDER BY (workload, gpu_model)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY;
+
+CREATE TABLE IF NOT EXISTS gpu_topology
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    node_id         LowCardinality(String),
+    gpu_uuid        String,
+    gpu_model       LowCardinality(String),
+    gpu_index       UInt32,
+    numa_node       Int32,
+    cpu_affinity    Array(UInt16),
+    links           Map(String, String),
+    nvlink_active   UInt32
+)
+ENGINE = ReplacingMergeTree(event_time)
+ORDER BY (node_id, gpu_uuid);

@@ -22,6 +22,7 @@ from dsec.schemas import (
     PolicyDecision,
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
+from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
 from dsec.schemas.topics import TopicNames
 from dsec.schemas.usage import ProcessUsage
 
@@ -71,6 +72,15 @@ def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
             _event_id),
         topics.process_usage: TableRoute(
             "process_usage", rows.USAGE_COLUMNS, ProcessUsage, rows.usage_rows, _event_id),
+        topics.gpu_personalities: TableRoute(
+            "gpu_personalities", rows.PERSONALITY_COLUMNS, GpuPersonalityEvent,
+            rows.personality_rows, _event_id),
+        topics.workload_affinity: TableRoute(
+            "workload_affinity", rows.AFFINITY_COLUMNS, WorkloadAffinityEvent,
+            rows.affinity_rows, _event_id),
+        topics.gpu_topology: TableRoute(
+            "gpu_topology", rows.TOPOLOGY_COLUMNS, GpuTopologyEvent, rows.topology_rows,
+            _event_id),
     }
 
 

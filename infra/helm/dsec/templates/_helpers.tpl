@@ -214,8 +214,14 @@ spec:
       annotations:
         {{- include "dsec.podAnnotations" $root | nindent 8 }}
     spec:
+      {{- if .serviceAccount }}
+      {{- /* a workload that talks to the Kubernetes API: its own account, with its token */}}
+      serviceAccountName: {{ .serviceAccount }}
+      automountServiceAccountToken: true
+      {{- else }}
       serviceAccountName: {{ include "dsec.serviceAccountName" $root }}
       automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+      {{- end }}
       {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
