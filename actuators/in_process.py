@@ -92,7 +92,7 @@ class InProcessActuator:
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
         self._source.start()
-        if not self._source.wait_ready(ready_timeout_s):
+        if ready_timeout_s > 0 and not self._source.wait_ready(ready_timeout_s):
             log.warning("dsec actuator: no assignment after %.0f s; commands may be late",
                         ready_timeout_s)
 
@@ -104,5 +104,7 @@ class InProcessActuator:
         """Applies queued commands; call on the training thread at a step boundary."""
         return self._queue.drain(self._pipeline.handle)
 
-    def stop(self) -> None:
-        self._source.stop()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops the consumer, waiting up to ``timeout_s`` for it (one stuck asking an
+        unreachable broker is left behind, a daemon thread)."""
+        self._source.stop(timeout_s)

@@ -15,6 +15,7 @@ step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +56,37 @@ __all__ = [
     "wrap_env",
 ]
 
+log = logging.getLogger(__name__)
+
 _runtime: WorkerRuntime | None = None
+# ``dsec run``: starts this process's runtime when something first needs it (None: not run
+# under ``dsec run``), and whether the runtime in force is the one it started.
+_autostart: Callable[[], Any] | None = None
+_autostarted = False
+
+
+def set_autostart(start: Callable[[], Any] | None) -> None:
+    """``dsec run``: the function that starts this process's runtime (through ``adopt``)
+    the first time ``current()`` finds none, so that the one-line additions (e.g.
+    ``dsec.report_episode_end``) work in a program ``dsec run`` instruments."""
+    global _autostart
+    _autostart = start
+
+
+def running() -> WorkerRuntime | None:
+    """The runtime in force, or None; starts nothing."""
+    return _runtime
+
+
+def adopt(runtime: WorkerRuntime) -> WorkerRuntime:
+    """``dsec run``: makes the runtime it started this process's, as ``init`` would; a
+    later ``dsec.init()`` in the program returns it rather than failing."""
+    global _runtime, _autostarted
+    if _runtime is not None:
+        raise RuntimeError("this process already has a dsec runtime")
+    _runtime, _autostarted = runtime, True
+    set_current_probe(runtime.probe)
+    return runtime
 
 
 def init(
@@ -69,8 +100,14 @@ def init(
     probe_config: ProbeConfig | None = None,
     actuate: bool = True,
 ) -> WorkerRuntime:
-    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables."""
+    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
+
+    Under ``dsec run`` the runtime it started is returned (every optimizer's steps are
+    already counted, so ``optimizer`` adds nothing)."""
     global _runtime
+    if _runtime is not None and _autostarted:
+        log.info("dsec.init(): `dsec run` started this worker's runtime already; using it")
+        return _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
     overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
@@ -91,6 +128,8 @@ def init(
 
 
 def current() -> WorkerRuntime:
+    if _runtime is None and _autostart is not None:
+        _autostart()
     if _runtime is None:
         raise RuntimeError("call dsec.init() first")
     return _runtime
@@ -240,7 +279,7 @@ def restore(
 
 def shutdown() -> ProbeCounters | None:
     """Flushes what the probe holds and stops it; safe to call twice."""
-    global _runtime
-    runtime, _runtime = _runtime, None
+    global _runtime, _autostarted
+    runtime, _runtime, _autostarted = _runtime, None, False
     set_current_probe(None)
     return runtime.shutdown() if runtime is not None else None

@@ -77,9 +77,14 @@ class WorkerRuntime:
         probe_config: ProbeConfig | None = None,
         actuate: bool = True,
         transport: Transport | None = None,
+        kafka_logger: logging.Logger | None = None,
+        actuator_stop_timeout_s: float = 10.0,
     ) -> None:
+        """``kafka_logger``: where the Kafka clients' own log goes (default: stderr);
+        ``actuator_stop_timeout_s``: how long ``shutdown`` waits for the actuator's consumer."""
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
+        client_log: dict[str, Any] = {} if kafka_logger is None else {"logger": kafka_logger}
         transport = transport or KafkaTransport(
             producer_config(
                 settings,
@@ -88,10 +93,12 @@ class WorkerRuntime:
                     "message.timeout.ms": int(config.message_timeout_s * 1000),
                     "queue.buffering.max.messages": config.transport_queue_max_messages,
                 },
+                **client_log,
             )
         )
         self.identity = identity
         self.settings = settings
+        self._actuator_stop_timeout_s = actuator_stop_timeout_s
         self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.grad_sync = GradSyncTimer(self.probe)
@@ -132,7 +139,8 @@ class WorkerRuntime:
             self.actuator = InProcessActuator(
                 identity=identity,
                 consumer_config=consumer_config(
-                    settings, group_id=f"dsec-worker-{identity.job_id}-{identity.worker_id}"
+                    settings, group_id=f"dsec-worker-{identity.job_id}-{identity.worker_id}",
+                    **client_log,
                 ),
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,
@@ -145,12 +153,15 @@ class WorkerRuntime:
             )
             self.probe.add_step_callback(self.actuator.apply_pending)
 
-    def start(self) -> WorkerRuntime:
+    def start(self, commands_ready_timeout_s: float = 30.0) -> WorkerRuntime:
+        """``commands_ready_timeout_s``: how long the in-process actuator may hold the
+        caller while its consumer is assigned (0: not at all; a command sent before the
+        assignment is then missed)."""
         self.probe.start()
         if self.nvml is not None:
             self.nvml.start()
         if self.actuator is not None:
-            self.actuator.start()
+            self.actuator.start(commands_ready_timeout_s)
         if self.channel is not None:
             self.channel.start()
         return self
@@ -224,7 +235,7 @@ class WorkerRuntime:
             self.nvml.stop()
         self.apply_pending()
         if self.actuator is not None:
-            self.actuator.stop()
+            self.actuator.stop(self._actuator_stop_timeout_s)
         if self.channel is not None:
             self.channel.stop()
         snapshotter = self.controls.snapshot.snapshotter

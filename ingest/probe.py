@@ -119,6 +119,11 @@ class Probe:
         """Hooks an optimizer: its steps are counted and sampled, norms included."""
         self._hooks.watch(optimizer)
 
+    def step_hook(self) -> Callable[[Any, Any, Any], None]:
+        """The post-step hook ``watch`` registers, for a caller that hooks every optimizer
+        itself (see ``OptimizerHooks.step_hook``)."""
+        return self._hooks.step_hook()
+
     def unwatch(self) -> None:
         """Removes the optimizer hooks (the probe keeps running)."""
         self._hooks.unwatch()
