@@ -18,6 +18,7 @@ from dsec.cli.actuator import actuator_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.policy import policy_app
+from dsec.cli.run import RUN_CONTEXT, run_command
 from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -30,6 +31,7 @@ app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
 app.add_typer(experiment_app, name="experiment")
 app.command("ingest-gateway")(ingest_gateway)
+app.command("run", context_settings=RUN_CONTEXT)(run_command)
 console = Console()
 err_console = Console(stderr=True)
 

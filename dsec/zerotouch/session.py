@@ -1,0 +1,346 @@
+"""One instrumented process: the import hooks, and the runtime they start on first need.
+
+``install()`` (the ``sitecustomize`` of ``dsec run``, or a framework's plugin hook) only
+registers import hooks; nothing heavy is imported. Once torch is imported, every
+optimizer built is remembered, every optimizer step goes through one global post-step hook,
+``torch.distributed.all_reduce`` is timed, each ``DistributedDataParallel`` gets a timed
+communication hook and the program's autocast regions follow precision commands. Once
+gymnasium is imported, ``gym.make`` environments report their episodes.
+
+The worker's runtime (probe, actuator, NVML, CUDA memory) starts at the first signal: an
+optimizer step, an episode end, a gradient sync, or a ``dsec.*`` call of the program's
+own. A process that never trains (torchrun's launcher, a helper script) starts nothing
+and publishes nothing. Its identity comes from the environment (``identity.py``).
+
+Nothing here may stop the program: an instrumentation that fails is logged once and the
+program goes on without it; a runtime that cannot start leaves the program uninstrumented.
+At exit the probe flushes what it holds and says what it dropped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dsec.zerotouch.identity import nvml_indices, process_identity, ray_context, safe_id
+from dsec.zerotouch.import_hooks import when_imported
+
+log = logging.getLogger(__name__)
+
+KAFKA_LOGGER = "dsec.kafka"  # the Kafka clients' own log (librdkafka), said once a kind
+# At exit the actuator's consumer is a daemon thread: waiting longer for one stuck on an
+# unreachable broker would only hold the program's exit.
+ACTUATOR_STOP_TIMEOUT_S = 1.0
+SNAPSHOTS_ENV = "DSEC_RUN_SNAPSHOTS"  # "0": snapshot commands fail rather than save
+NEEDS_CODE = {
+    "grad_accumulation": "`with dsec.controls().grad_accumulation.micro_step(model) as sync:` "
+                         "around each backward",
+    "sampler": "`dsec.controls().sampler.wait_until_running()` in the sampling loop",
+    "sync_priority": "`dsec.controls().sync_priority.level` read by the loop's communication",
+}
+
+
+class OncePerMessage(logging.Handler):
+    """Hands each message of dsec's loggers on once, as it would have propagated (to the
+    program's handlers, or Python's last resort): a failure that repeats every step or
+    flush is said once, not every time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, str]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        if record.name == KAFKA_LOGGER and isinstance(record.args, tuple):
+            key += tuple(map(str, record.args[:2]))  # the Kafka client's: facility, client
+        if key not in self._seen:
+            self._seen.add(key)
+            logging.getLogger().handle(record)
+
+    @classmethod
+    def install(cls, logger_name: str = "dsec") -> None:
+        logger = logging.getLogger(logger_name)
+        if not any(isinstance(handler, cls) for handler in logger.handlers):
+            logger.addHandler(cls())
+            logger.propagate = False
+
+
+class ZeroTouch:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        from dsec.zerotouch.autocast import AutocastOverride
+        from dsec.zerotouch.optimizers import OptimizerRegistry
+
+        self._env = os.environ if env is None else env
+        self._lock = threading.RLock()
+        self._runtime: Any = None
+        self._started_here = False
+        self._disabled = False  # the runtime could not start: the program runs without it
+        self._failed: set[str] = set()
+        self._step_hook: Callable[[Any, Any, Any], None] = self._first_step
+        self._probe_step_hook: Callable[[Any, Any, Any], None] | None = None
+        self._grad_sync: Any = None
+        self._ddp: Any = None
+        self.optimizers = OptimizerRegistry()
+        self.autocast = AutocastOverride()
+
+    # --- installing ------------------------------------------------------------------
+
+    def install(self) -> ZeroTouch:
+        """Registers the import hooks (those of modules already imported run now)."""
+        for handler in (self._instrument_torch, self._instrument_gymnasium):
+            name = handler.__name__.removeprefix("_instrument_")
+            when_imported(name, self._guarded(name, handler))
+        # the facade loads the whole runtime: hooked when the program (or a start) loads it
+        when_imported("dsec.facade", lambda facade: facade.set_autostart(self.runtime))
+        OncePerMessage.install()
+        return self
+
+    def _guarded(self, what: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any) -> Any:
+            try:
+                return function(*args)
+            except Exception:  # instrumentation never stops the program
+                self._failed_once(what)
+                return None
+
+        return guarded
+
+    def _failed_once(self, what: str) -> None:
+        if what not in self._failed:
+            self._failed.add(what)
+            log.exception("dsec: %s not instrumented; the program goes on without it", what)
+
+    def _instrument_torch(self, torch: ModuleType) -> None:
+        for what, part in (("optimizer steps", self._instrument_optimizers),
+                           ("the loss", self._instrument_backward),
+                           ("the clipping norm", self._instrument_clipping),
+                           ("autocast", self._instrument_autocast),
+                           ("torch.distributed", self._instrument_distributed)):
+            self._guarded(what, part)(torch)
+
+    def _instrument_optimizers(self, torch: ModuleType) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.optimizers.install(torch.optim.Optimizer)
+        register_optimizer_step_post_hook(self._after_step)
+
+    def _instrument_backward(self, torch: ModuleType) -> None:
+        from dsec.zerotouch.losses import install_loss_hook
+
+        install_loss_hook(torch.Tensor, self._note_loss)
+
+    def _instrument_clipping(self, torch: ModuleType) -> None:
+        from dsec.zerotouch.losses import install_clip_hook
+
+        install_clip_hook(torch.nn.utils, self._note_grad_norm)
+
+    def _instrument_autocast(self, torch: ModuleType) -> None:
+        self.autocast.install(torch.amp.autocast_mode.autocast)
+
+    def _instrument_distributed(self, torch: ModuleType) -> None:
+        if not torch.distributed.is_available():
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        from dsec.ingest.grad_sync import GradSyncTimer, instrument_all_reduce
+        from dsec.zerotouch.ddp import DdpHooks
+
+        self._grad_sync = GradSyncTimer(self)
+        instrument_all_reduce(self._grad_sync)
+        self._ddp = DdpHooks(self._grad_sync, self._compression_hook)
+        self._ddp.install(DistributedDataParallel)
+
+    def _instrument_gymnasium(self, gymnasium: ModuleType) -> None:
+        from dsec.zerotouch.gym import install_make
+
+        install_make(gymnasium, self)
+
+    # --- the signals -----------------------------------------------------------------
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_hook(optimizer, args, kwargs)
+
+    def _first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.runtime()
+        if self._probe_step_hook is not None:  # started: this step is its first
+            self._probe_step_hook(optimizer, args, kwargs)
+
+    @staticmethod
+    def _no_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        return None
+
+    def _note_loss(self, loss: Any) -> None:
+        runtime = self._runtime
+        if runtime is not None:
+            runtime.probe.note_loss(loss)
+
+    def _note_grad_norm(self, total_norm: Any) -> None:
+        runtime = self._runtime
+        if runtime is not None:
+            runtime.probe.note_grad_norm(total_norm)
+
+    @property
+    def global_step(self) -> int:
+        """For the gradient-sync timer: read when a sync begins, which starts nothing (a
+        DDP bucket begins inside the backward)."""
+        runtime = self._runtime
+        return 0 if runtime is None else runtime.probe.global_step
+
+    def record_grad_sync(self, *args: Any, **kwargs: Any) -> None:
+        runtime = self.runtime()
+        if runtime is not None:
+            runtime.probe.record_grad_sync(*args, **kwargs)
+
+    def record_episode(self, *args: Any, **kwargs: Any) -> None:
+        runtime = self.runtime()
+        if runtime is not None:
+            runtime.probe.record_episode(*args, **kwargs)
+
+    def _compression_hook(self) -> Any:
+        runtime = self._runtime
+        return None if runtime is None else runtime.controls.grad_compression.hook
+
+    # --- the runtime -----------------------------------------------------------------
+
+    def runtime(self) -> Any:
+        """This process's runtime, started now if it is not yet; None when it cannot be."""
+        runtime = self._runtime
+        if runtime is not None or self._disabled:
+            return runtime
+        with self._lock:
+            if self._runtime is None and not self._disabled:
+                try:
+                    self._start()
+                except Exception:  # the program runs on, uninstrumented
+                    self._disabled = True
+                    self._step_hook, self._probe_step_hook = self._no_step, None
+                    log.exception("dsec: the worker runtime did not start; the program runs "
+                                  "uninstrumented")
+        return self._runtime
+
+    def _start(self) -> None:
+        from dsec import facade
+
+        runtime = facade.running()
+        if runtime is not None:  # the program called dsec.init() itself: its runtime it is
+            self._attach(runtime)
+            self._step_hook = self._no_step  # its optimizer, if any, is watched already
+            if not runtime.probe.watching:
+                self._use_step_hook(runtime)
+            return
+        from dsec.ingest import ProbeConfig
+        from dsec.runtime import WorkerRuntime
+        from dsec.schemas import WorkerIdentity
+        from dsec.schemas.settings import DsecSettings
+
+        settings = DsecSettings()
+        found = process_identity(self._env, socket.gethostname(), os.getpid(), ray_context())
+        probe_overrides: dict[str, Any] = {"grad_sync_timing": False}  # timed from import on
+        if "DSEC_PROBE_GPU_INDICES" not in self._env:
+            probe_overrides["gpu_indices"] = nvml_indices(self._env)
+        identity = WorkerIdentity(job_id=settings.job_id, worker_id=found.worker_id,
+                                  node_id=found.node_id)
+        runtime = WorkerRuntime(settings, identity, ProbeConfig(**probe_overrides),
+                                kafka_logger=logging.getLogger(KAFKA_LOGGER),
+                                actuator_stop_timeout_s=ACTUATOR_STOP_TIMEOUT_S)
+        self._register_appliers(runtime)
+        runtime.start(commands_ready_timeout_s=0)  # never hold the training step
+        self._started_here = True
+        self._attach(runtime)
+        self._use_step_hook(runtime)
+        facade.adopt(runtime)
+        atexit.register(self.shutdown)
+        log.info("dsec: worker %s (node %s, job %s) instrumented by dsec run",
+                 identity.worker_id, identity.node_id, identity.job_id)
+
+    def _use_step_hook(self, runtime: Any) -> None:
+        self._probe_step_hook = self._step_hook = runtime.probe.step_hook()
+
+    def _attach(self, runtime: Any) -> None:
+        self._runtime = runtime
+        if self._grad_sync is not None:
+            runtime.probe.add_collector(self._grad_sync.collect)
+
+    def _register_appliers(self, runtime: Any) -> None:
+        from dsec.schemas import ActionKind
+
+        if self._env.get(SNAPSHOTS_ENV, "1") != "0":
+            runtime.on_action(ActionKind.SNAPSHOT, self._snapshot)
+        runtime.on_action(ActionKind.PRECISION, self.autocast.apply)
+        runtime.on_action(ActionKind.GRAD_COMPRESSION, self._compress)
+        for kind, line in NEEDS_CODE.items():
+            runtime.on_action(kind, _needs_code(kind, line))
+
+    # --- appliers --------------------------------------------------------------------
+
+    def _snapshot(self, params: Any) -> str:
+        """The zero-touch snapshot: the parameters and state of every optimizer the program
+        built, and the RNG (see ``optimizers.py``), in ``<snapshot dir>/<worker>``."""
+        runtime = self._runtime
+        trigger = runtime.controls.snapshot
+        if trigger.snapshotter is None:
+            from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
+            from dsec.zerotouch.optimizers import OptimizerParams, Optimizers
+
+            optimizers = self.optimizers.live()
+            if not optimizers:
+                raise RuntimeError("no optimizer built yet: nothing to snapshot")
+            directory = (Path(runtime.settings.snapshot_location())
+                         / safe_id(runtime.identity.worker_id).replace("/", "_"))
+            trigger.attach(Snapshotter(OptimizerParams(optimizers), Optimizers(optimizers),
+                                       SnapshotConfig(directory=directory)))
+        detail = trigger.apply(params)
+        return f"{detail}: parameters and state of {len(self.optimizers.live())} optimizer(s)"
+
+    def _compress(self, params: Any) -> str:
+        why_not = None if self._ddp is None else self._ddp.compressible
+        if self._ddp is None or why_not is not None:
+            raise RuntimeError(why_not or "torch.distributed is not available")
+        return self._runtime.controls.grad_compression.apply(params)
+
+    # --- exit ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Flushes and stops the runtime this started (at exit); says what was dropped."""
+        from dsec import facade
+
+        self._step_hook, self._probe_step_hook = self._no_step, None
+        runtime, self._runtime = self._runtime, None
+        if runtime is None or not self._started_here:
+            return
+        try:
+            counters = facade.shutdown() if facade.running() is runtime else None
+        except Exception:
+            log.exception("dsec: the worker runtime did not shut down cleanly")
+            return
+        if counters is not None and counters.samples_dropped:
+            log.warning("dsec: worker %s dropped %d of %d samples (%d messages failed); "
+                        "the broker at %s was not reachable for them",
+                        runtime.identity.worker_id, counters.samples_dropped,
+                        counters.samples_recorded, counters.messages_failed,
+                        runtime.settings.bootstrap)
+
+
+def _needs_code(kind: str, line: str) -> Callable[[Any], str]:
+    def apply(_params: Any) -> str:
+        raise RuntimeError(f"{kind} needs code under dsec run: {line}")
+
+    return apply
+
+
+_installed: ZeroTouch | None = None
+
+
+def install(env: Mapping[str, str] | None = None) -> ZeroTouch:
+    """Instruments this process (once): the import hooks now, the runtime at first need."""
+    global _installed
+    if _installed is None:
+        _installed = ZeroTouch(env).install()
+    return _installed
