@@ -51,6 +51,7 @@ __all__ = [
     "restore",
     "sb3_callback",
     "shutdown",
+    "trainer_callback",
     "training_step",
     "watch_ddp",
     "wrap_env",
@@ -212,6 +213,15 @@ def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = 
 def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
     """Times DDP's gradient-bucket all-reduces through a communication hook."""
     current().watch_ddp(ddp_model, state=state, inner=inner)
+
+
+def trainer_callback() -> Any:
+    """A transformers/TRL ``TrainerCallback`` reporting to this worker; snapshot commands go
+    through the trainer's save path (``trainer.add_callback(dsec.trainer_callback())``)."""
+    from dsec.ingest.integrations.hf_trainer import DsecTrainerCallback
+
+    runtime = current()
+    return DsecTrainerCallback(probe=runtime.probe, on_action=runtime.on_action)
 
 
 def sb3_callback(reason_key: str = "termination_reason") -> Any:

@@ -94,11 +94,15 @@ class ZeroTouch:
 
     def install(self) -> ZeroTouch:
         """Registers the import hooks (those of modules already imported run now)."""
-        for handler in (self._instrument_torch, self._instrument_gymnasium):
-            name = handler.__name__.removeprefix("_instrument_")
+        for name, handler in (("torch", self._instrument_torch),
+                              ("gymnasium", self._instrument_gymnasium),
+                              ("transformers.trainer", self._instrument_trainer),
+                              ("verl.utils.tracking", self._instrument_verl)):
             when_imported(name, self._guarded(name, handler))
-        # the facade loads the whole runtime: hooked when the program (or a start) loads it
+        # these load the whole runtime: hooked when the program (or a start) loads them, so
+        # that dsec's own one-liners and integrations start the runtime on first need
         when_imported("dsec.facade", lambda facade: facade.set_autostart(self.runtime))
+        when_imported("dsec.ingest.current", lambda current: current.set_starter(self.runtime))
         OncePerMessage.install()
         return self
 
@@ -161,6 +165,30 @@ class ZeroTouch:
         from dsec.zerotouch.gym import install_make
 
         install_make(gymnasium, self)
+
+    def _instrument_trainer(self, trainer_module: ModuleType) -> None:
+        from dsec.ingest.integrations.hf_trainer import DsecTrainerCallback
+        from dsec.zerotouch.frameworks import add_to_every_instance
+
+        def add_callback(trainer: Any) -> None:
+            if not any(isinstance(callback, DsecTrainerCallback)
+                       for callback in trainer.callback_handler.callbacks):
+                trainer.add_callback(DsecTrainerCallback(on_action=self.on_action))
+
+        add_to_every_instance(trainer_module.Trainer, add_callback)
+
+    def _instrument_verl(self, tracking_module: ModuleType) -> None:
+        from dsec.ingest.integrations.verl import attach
+        from dsec.zerotouch.frameworks import add_to_every_instance
+
+        add_to_every_instance(tracking_module.Tracking, attach)
+
+    def on_action(self, kind: str, hook: Callable[[Any], str | None]) -> None:
+        """Registers an apply hook in this worker (an integration's: it replaces the
+        zero-touch one for its kind)."""
+        runtime = self.runtime()
+        if runtime is not None:
+            runtime.on_action(kind, hook)
 
     # --- the signals -----------------------------------------------------------------
 
