@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.compression import compression
+from dsec.bench.native import native_command
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
 from dsec.bench.snapshot import snapshot_command
@@ -74,18 +76,21 @@ def reaction(
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 bench_app.command("probe-overhead")(probe_overhead)
+bench_app.command("native")(native_command)
+bench_app.command("compression")(compression)
 
 
 @bench_app.command("all")
 def all_benchmarks(
     parts: Annotated[str | None, typer.Option(
         help="Comma-separated, of probe_overhead, pipeline, snapshot, policy_eval, reaction, "
-             "goodput (default: all).")] = None,
+             "compression, goodput (default: all).")] = None,
     probe_block_pairs: Annotated[int, typer.Option(min=1)] = 150,
     pipeline_samples: Annotated[int, typer.Option(min=10_000)] = PIPELINE_SAMPLES,
     snapshot_steps: Annotated[int, typer.Option(min=4)] = 24,
     policy_targets: Annotated[int, typer.Option(min=1)] = 10_000,
     reaction_trials: Annotated[int, typer.Option(min=1)] = 30,
+    compression_steps: Annotated[int, typer.Option(min=1)] = 4,
     goodput_scenario: Annotated[str, typer.Option()] = "smoke",
     goodput_workers: Annotated[int, typer.Option(min=1)] = 2,
     goodput_duration_s: Annotated[float, typer.Option(min=10.0)] = 40.0,
@@ -100,7 +105,8 @@ def all_benchmarks(
         options = SuiteOptions(
             parts=chosen, probe_block_pairs=probe_block_pairs, pipeline_samples=pipeline_samples,
             snapshot_steps=snapshot_steps, policy_targets=policy_targets,
-            reaction_trials=reaction_trials, goodput_scenario=goodput_scenario,
+            reaction_trials=reaction_trials, compression_steps=compression_steps,
+            goodput_scenario=goodput_scenario,
             goodput_workers=goodput_workers, goodput_duration_s=goodput_duration_s,
             bootstrap=bootstrap)
     except ValueError as exc:

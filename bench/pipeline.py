@@ -37,7 +37,7 @@ from dsec.bench.traces import TraceIdentity, training_batch
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.topics import ensure_topics
-from dsec.schemas import topic_names
+from dsec.schemas import now_ms, topic_names
 from dsec.schemas.metrics import encode_packed
 from dsec.schemas.settings import DsecSettings
 from dsec.services.stack import sink_group, stream_group
@@ -58,8 +58,11 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
     producer = Producer(producer_config(settings, "dsec-bench-pipeline",
                                         **{"queue.buffering.max.messages": 100_000}))
     messages = options.samples // options.samples_per_message
+    # dated an hour back: inside the stores' event-time window, which refuses the future
+    start_ms = now_ms() - 3_600_000
     identities = [TraceIdentity(job_id="bench", worker_id=f"worker-{w:03d}",
-                                node_id=f"node-{w // 8:02d}") for w in range(options.workers)]
+                                node_id=f"node-{w // 8:02d}", start_ms=start_ms)
+                  for w in range(options.workers)]
     payloads = {}
     for index in range(messages):
         ident = identities[index % options.workers]
@@ -228,6 +231,18 @@ def _pipeline_rate(
             stack.kill()
 
 
+def _messages_in(settings: DsecSettings, topic: str) -> int:
+    """How many messages ``topic`` holds: the sum of its partitions' high watermarks."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "dsec-bench-count",
+                         **settings.kafka_security()})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in metadata.partitions)
+    finally:
+        consumer.close()
+
+
 def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="dsec-bench-pipeline-"))
     kafka = None if bootstrap else LocalKafka(data_dir=work / "kafka")
@@ -242,6 +257,8 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         messages = _fill(settings, topic, options)
         raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
         pipeline = _pipeline_rate(settings, topic, messages, options, settings.data_dir)
+        # a bench whose messages were dead-lettered measured the wrong path: say so
+        dead_letters = _messages_in(settings, topic_names(settings.topic_prefix).dead_letters)
         return {
             "raw_samples_per_s": round(raw_samples_per_s),
             "raw_messages_per_s": round(raw_messages_per_s),
@@ -257,6 +274,7 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             },
             "samples": messages * options.samples_per_message,
             "messages": messages,
+            "dead_letters": dead_letters,
             "samples_per_message": options.samples_per_message,
             "partitions": options.partitions,
             "cpu_count": os.cpu_count(),

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import SecretStr
+
 from dsec.actuators.restore import RestoredState
 from dsec.actuators.restore import restore as _restore
 from dsec.actuators.worker_controls import WorkerControls
@@ -100,18 +102,28 @@ def init(
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
     actuate: bool = True,
+    endpoint: str | None = None,
+    endpoint_token: str | None = None,
 ) -> WorkerRuntime:
     """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
 
+    ``endpoint="http://dsec-control-plane:8080"`` (or ``DSEC_ENDPOINT``): a worker that
+    cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
+    buffering and drop counts; ``endpoint_token`` (``DSEC_ENDPOINT_TOKEN``) is the
+    gateway's enrolment token or this worker's runtime token.
+
     Under ``dsec run`` the runtime it started is returned (every optimizer's steps are
-    already counted, so ``optimizer`` adds nothing)."""
+    already counted, so ``optimizer`` adds nothing).
+    """
     global _runtime
     if _runtime is not None and _autostarted:
         log.info("dsec.init(): `dsec run` started this worker's runtime already; using it")
         return _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
+    given = {"bootstrap": bootstrap, "job_id": job_id, "endpoint": endpoint,
+             "endpoint_token": SecretStr(endpoint_token) if endpoint_token else None}
+    overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
     import socket
 

@@ -21,6 +21,7 @@ from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
+from dsec.ingest.http_transport import endpoint_transport
 from dsec.ingest.nvml import NvmlSampler
 from dsec.schemas import (
     ActionKind,
@@ -51,6 +52,32 @@ def default_worker_id() -> str:
     rank = os.environ.get("RANK")
     host = socket.gethostname()
     return f"{host}-rank{rank}" if rank is not None else f"{host}-{os.getpid()}"
+
+
+def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: ProbeConfig,
+                    metrics_topic: str, kafka_logger: logging.Logger | None = None
+                    ) -> Transport:
+    """Kafka, or in endpoint mode (``settings.endpoint``) the ingest gateway over HTTP;
+    ``kafka_logger``: where the Kafka client's own log goes (default: stderr)."""
+    if settings.endpoint:
+        if settings.endpoint_token is None:
+            raise ValueError("endpoint mode needs a token: endpoint_token= or "
+                             "DSEC_ENDPOINT_TOKEN (the gateway's enrolment token, or this "
+                             "worker's runtime token)")
+        return endpoint_transport(settings.endpoint,
+                                  settings.endpoint_token.get_secret_value(), identity,
+                                  metrics_topic, config)
+    return KafkaTransport(
+        producer_config(
+            settings,
+            client_id=f"dsec-probe-{identity.worker_id}",
+            **{
+                "message.timeout.ms": int(config.message_timeout_s * 1000),
+                "queue.buffering.max.messages": config.transport_queue_max_messages,
+            },
+            **({} if kafka_logger is None else {"logger": kafka_logger}),
+        )
+    )
 
 
 def _listening(path: os.PathLike[str]) -> bool:
@@ -84,18 +111,8 @@ class WorkerRuntime:
         ``actuator_stop_timeout_s``: how long ``shutdown`` waits for the actuator's consumer."""
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
-        client_log: dict[str, Any] = {} if kafka_logger is None else {"logger": kafka_logger}
-        transport = transport or KafkaTransport(
-            producer_config(
-                settings,
-                client_id=f"dsec-probe-{identity.worker_id}",
-                **{
-                    "message.timeout.ms": int(config.message_timeout_s * 1000),
-                    "queue.buffering.max.messages": config.transport_queue_max_messages,
-                },
-                **client_log,
-            )
-        )
+        transport = transport or probe_transport(settings, identity, config, topics.metrics,
+                                                 kafka_logger)
         self.identity = identity
         self.settings = settings
         self._actuator_stop_timeout_s = actuator_stop_timeout_s
@@ -135,12 +152,18 @@ class WorkerRuntime:
             self.channel = WorkerChannel(identity, node_socket, self.hooks,
                                          on_command=self.probe.wake)
             self.probe.add_step_callback(self.channel.apply_pending)
+        elif actuate and settings.endpoint:
+            # The worker cannot reach Kafka; commands through the gateway are not built
+            # yet (docs/integrations.md says how they will come), a node actuator's socket
+            # works as ever.
+            log.info("dsec: endpoint mode: no commands reach worker %s without a node "
+                     "actuator", identity.worker_id)
         elif actuate:
             self.actuator = InProcessActuator(
                 identity=identity,
                 consumer_config=consumer_config(
                     settings, group_id=f"dsec-worker-{identity.job_id}-{identity.worker_id}",
-                    **client_log,
+                    **({} if kafka_logger is None else {"logger": kafka_logger}),
                 ),
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,

@@ -12,7 +12,6 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -25,14 +24,15 @@ from faust.types import TP, EventT, StreamT, TopicT
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
+from dsec.infra.commit_stalls import CommitStalls
 from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
-from dsec.schemas import DeadLetter
+from dsec.infra.records import Record
 from dsec.schemas.settings import DsecSettings
 
 __all__ = [
     "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
     "QuietWorker", "StreamT", "Table", "TopicT", "check_faust_internals", "committed_offsets",
-    "dead_letter_for", "fetch_topic_metadata", "make_faust_app", "publish",
+    "fetch_topic_metadata", "make_faust_app", "publish", "record_of",
     "seek_to_committed_or_reset", "watch_faust_app",
 ]
 
@@ -348,45 +348,6 @@ def watch_faust_app(
     metrics.add_health_check("faust-commits", commits_moving)
 
 
-@dataclass
-class CommitStalls:
-    """Partitions (``(topic, partition)``) whose committed offset stands still while
-    messages wait behind it and it is not paused for table recovery: since when, for the
-    log and the health check."""
-
-    log_every_s: float = 30.0
-    _since: dict[tuple[str, int], tuple[int | None, float]] = field(default_factory=dict)
-    _logged_s: dict[tuple[str, int], float] = field(default_factory=dict)
-
-    def observe(self, tp: tuple[str, int], committed: int | None, end: int, paused: bool,
-                now_s: float) -> float | None:
-        """How long ``tp``'s commits have stood still, when it is time to log it (once
-        every ``log_every_s`` of standing); else None."""
-        last = self._since.get(tp)
-        if last is None or last[0] != committed or end <= (committed or 0) or paused:
-            self._since[tp] = (committed, now_s)
-            self._logged_s.pop(tp, None)
-            return None
-        stood_s = now_s - last[1]
-        if now_s - self._logged_s.get(tp, last[1]) < self.log_every_s:
-            return None
-        self._logged_s[tp] = now_s
-        return stood_s
-
-    def keep_only(self, assigned: set[tuple[str, int]]) -> None:
-        """Forgets the partitions this worker no longer holds."""
-        for tp in set(self._since) - assigned:
-            del self._since[tp]
-            self._logged_s.pop(tp, None)
-
-    def longest(self, now_s: float) -> tuple[tuple[str, int], float] | None:
-        """The partition standing still the longest and for how long (None: none held)."""
-        if not self._since:
-            return None
-        tp, (_committed, since_s) = min(self._since.items(), key=lambda item: item[1][1])
-        return tp, now_s - since_s
-
-
 def _watch_commit(consumer: Any, tp: Any, committed: int | None, end: int,
                   stalls: CommitStalls) -> None:
     """Logs a partition whose committed offset has stood still for a while (every
@@ -438,10 +399,8 @@ def _flow_state(consumer: Any, tp: Any) -> str:
     return " ".join(f"{key}={value}" for key, value in state.items())
 
 
-def dead_letter_for(event: EventT, reason: str) -> DeadLetter:
-    """The dead letter for a stream event that could not be processed, with its origin."""
+def record_of(event: EventT) -> Record:
+    """A stream event as the stream stages take it: the message and where it came from."""
     message = event.message
-    return DeadLetter.for_message(
-        topic=message.topic, partition=message.partition, offset=message.offset,
-        reason=reason, payload=message.value,
-    )
+    return Record(topic=message.topic, partition=message.partition, offset=message.offset,
+                  key=message.key, value=message.value)

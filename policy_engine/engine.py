@@ -1,6 +1,7 @@
 """One evaluation step: a batch of feature events in; commands, audit records and tuned
-policy versions out. Pure apart from the two state mappings it is given (Faust tables in
-the stream job, dicts offline and in tests).
+policy versions out. Pure apart from the two state mappings it is given, per (policy,
+target) ``PolicyState``s and per (target, knob) ``KnobEntry``s (Faust tables in the stream
+job, dicts offline and in tests).
 
 Conditions are evaluated for the whole batch at once (numpy); the per-target state machine
 then runs only for rows whose condition holds or whose policy is not idle.
@@ -15,22 +16,20 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from pydantic import TypeAdapter
 
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
+from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
-from dsec.schemas import ActionKind, ActuationCommand, FeatureEvent, PolicyDecision, sign
+from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, sign
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 
+__all__ = ["Engine", "EngineOutput", "actuation_id", "knob_key", "render_alert", "tuned"]
+
 log = logging.getLogger(__name__)
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
-# Triggers, not settings: two policies asking for one conflict with nothing.
-_UNOWNED_KINDS = {ActionKind.SNAPSHOT}
-_OWNED_KINDS = tuple(kind for kind in ActionKind if kind not in _UNOWNED_KINDS)
 _IDLE = PolicyState()
-_ACTION = TypeAdapter(ActionParams)
 
 
 @dataclass
@@ -38,10 +37,6 @@ class EngineOutput:
     commands: list[ActuationCommand] = field(default_factory=list)
     decisions: list[PolicyDecision] = field(default_factory=list)
     policies: list[PolicySpec] = field(default_factory=list)
-
-
-def knob_key(event: FeatureEvent, kind: str) -> str:
-    return f"{event.identity.job_id}|{event.identity.worker_id}|{kind}"
 
 
 def actuation_id(*parts: object) -> str:
@@ -88,13 +83,14 @@ class Engine:
     def __init__(
         self,
         registry: PolicyRegistry,
-        states: MutableMapping[str, dict],
-        knobs: MutableMapping[str, dict],
+        states: MutableMapping[str, PolicyState],
+        knobs: MutableMapping[str, KnobEntry],
         signing_key: bytes,
     ) -> None:
         self.registry = registry
         self.states = states
         self.knobs = knobs
+        self._knobs = KnobBoard(knobs, registry)
         self._signing_key = signing_key
         self._reported: set[tuple[str, int]] = set()
         self.limits = registry.limits
@@ -168,7 +164,7 @@ class Engine:
                 continue
             if not everyone and not selector.matches(event.identity.job_id, event.tags):
                 continue
-            old = PolicyState.from_json(states.get(key))
+            old = states.get(key, _IDLE)
             if old.stage > top:  # a new version with fewer stages
                 old = replace(old, stage=top)
             next_stage = 0 if spec.one_shot else min(old.stage, len(climb) - 1)
@@ -181,7 +177,7 @@ class Engine:
                 if new == _IDLE:
                     states.pop(key, None)
                 else:
-                    states[key] = new.to_json()
+                    states[key] = new
             if kind is not None:
                 self._act(policy, event, old, new, kind, out)
 
@@ -197,7 +193,8 @@ class Engine:
         if spec.alert:
             detail = f"alert {render_alert(spec.alert, spec, event)}; {detail}"
 
-        def audit(decision: DecisionKind, stage: int, text: str, actuation: str | None = None):
+        def audit(decision: DecisionKind, stage: int, text: str,
+                  actuation: str | None = None) -> None:
             out.decisions.append(PolicyDecision(
                 event_time_ms=event.event_time_ms, policy_name=spec.name,
                 policy_version=spec.version, identity=event.identity, decision=decision,
@@ -226,14 +223,13 @@ class Engine:
             return
         if not actions and not undo:
             audit(kind, new.stage, f"stage {stage}: nothing to {said}; {detail}")
-        grants: list[tuple[PolicySpec, ActionParams, str] | str] = []
         if undo:
             undo_by_kind = {a.kind: a for a in actions}
             released = [a.kind for a in spec.stage_actions(stage - 1)]
             kinds = list(dict.fromkeys([*released, *undo_by_kind]))
-            grants = [self._release(spec, event, k, undo_by_kind.get(k)) for k in kinds]
+            grants = [self._knobs.release(spec, event, k, undo_by_kind.get(k)) for k in kinds]
         else:
-            grants = [self._apply(spec, event, action) for action in actions]
+            grants = [self._knobs.claim(spec, event, action) for action in actions]
         for index, grant in enumerate(grants):
             if grant is None:
                 continue
@@ -246,22 +242,29 @@ class Engine:
                       f"{said} stage {stage}: {action.kind} not sent, {self._over_budget}; "
                       f"{detail}")
                 continue
-            command = sign(ActuationCommand(
-                actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
-                                          event.identity.worker_id, spec.name, stage, said,
-                                          event.event_time_ms, index),
-                event_time_ms=event.event_time_ms,
-                target=event.identity,
-                expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
-                policy_name=owner.name,
-                policy_version=owner.version,
-                action=action,
-                reason=f"{spec.name} v{spec.version} {said} stage {stage}{how}: "
-                       f"{spec.condition}"[:1024],
-            ), self._signing_key)
+            command = self._command(
+                owner, event, action,
+                (spec.name, stage, said, event.event_time_ms, index),
+                f"{spec.name} v{spec.version} {said} stage {stage}{how}: {spec.condition}")
             out.commands.append(command)
             audit(kind, new.stage, f"{said} stage {stage}: {action.kind}{how}; {detail}",
                   command.actuation_id)
+
+    def _command(self, owner: PolicySpec, event: FeatureEvent, action: ActionParams,
+                 cause: tuple[object, ...], reason: str) -> ActuationCommand:
+        """The signed command for ``owner``'s ``action`` on the event's worker; its id
+        derives from the owner, the worker and ``cause``."""
+        return sign(ActuationCommand(
+            actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
+                                      event.identity.worker_id, *cause),
+            event_time_ms=event.event_time_ms,
+            target=event.identity,
+            expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
+            policy_name=owner.name,
+            policy_version=owner.version,
+            action=action,
+            reason=reason[:1024],
+        ), self._signing_key)
 
     def _within_budget(self, event: FeatureEvent) -> bool:
         worker = f"{event.identity.job_id}|{event.identity.worker_id}"
@@ -272,78 +275,9 @@ class Engine:
         return (f"the worker had {self._budget.per_min} commands in the last 60 s "
                 "(commands_per_worker_per_min)")
 
-    # Knob arbitration. Per (target, knob) the table keeps every policy's claim and which
-    # one is in effect: the highest priority (a tie keeps the one in effect). A claim
-    # outranked now is kept, and takes effect when the claims above it are released.
-    # One-shot policies have no undo: their claim lasts as long as their command is valid.
-
-    def _knob(self, event: FeatureEvent, kind: str) -> tuple[str, dict]:
-        key = knob_key(event, kind)
-        entry = self.knobs.get(key) or {"claims": {}, "applied": None}
-        now = event.event_time_ms
-        entry["claims"] = {
-            name: claim for name, claim in entry["claims"].items()
-            if self.registry.get(name) is not None
-            and now < (claim.get("until_ms") or float("inf"))
-        }
-        if entry["applied"] not in entry["claims"]:
-            entry["applied"] = None
-        return key, entry
-
-    @staticmethod
-    def _top(entry: dict) -> str | None:
-        claims = entry["claims"]
-        if not claims:
-            return None
-        return max(claims, key=lambda n: (claims[n]["priority"], n == entry["applied"]))
-
-    def _store(self, key: str, entry: dict) -> None:
-        if entry["claims"]:
-            self.knobs[key] = entry
-        else:
-            self.knobs.pop(key, None)
-
-    def _apply(self, spec: PolicySpec, event: FeatureEvent,
-               action: ActionParams) -> tuple[PolicySpec, ActionParams, str] | str:
-        if action.kind in _UNOWNED_KINDS:
-            return spec, action, ""
-        key, entry = self._knob(event, action.kind)
-        until_ms = event.event_time_ms + int(spec.ttl_s * 1000) if spec.one_shot else None
-        entry["claims"][spec.name] = {"priority": spec.priority, "until_ms": until_ms,
-                                      "action": action.model_dump(mode="json")}
-        top = self._top(entry)
-        if top == spec.name:
-            entry["applied"] = spec.name
-        self._store(key, entry)
-        if top == spec.name:
-            return spec, action, ""
-        holder = entry["claims"][top]
-        return (f"apply {action.kind}: deferred, held by {top} (priority "
-                f"{holder['priority']})")
-
-    def _release(self, spec: PolicySpec, event: FeatureEvent, kind: str,
-                 undo: ActionParams | None) -> tuple[PolicySpec, ActionParams, str] | str | None:
-        if kind in _UNOWNED_KINDS:
-            return (spec, undo, "") if undo is not None else None
-        key, entry = self._knob(event, kind)
-        in_effect = entry["applied"] == spec.name
-        entry["claims"].pop(spec.name, None)
-        if not in_effect:
-            self._store(key, entry)
-            return f"undo {kind}: was not in effect, held by {entry['applied'] or 'nobody'}"
-        top = self._top(entry)
-        entry["applied"] = top
-        self._store(key, entry)
-        if top is None:
-            return (spec, undo, "") if undo is not None else None
-        owner = self.registry.get(top)
-        resumed = _ACTION.validate_python(entry["claims"][top]["action"])
-        return owner, resumed, f" (resumes {top})"
-
     def _resume_orphaned_claims(self, events: Sequence[FeatureEvent], out: EngineOutput) -> None:
-        """A claim deferred behind one that has since expired, or whose policy was deleted,
-        takes effect at its target's next feature event: the holder never undoes, so
-        nothing else would hand the knob on."""
+        """Claims left deferred behind one that lapsed or whose policy was deleted take
+        effect at their target's next feature event (see ``KnobBoard.resume_orphaned``)."""
         if not self.knobs:
             return
         seen: set[str] = set()
@@ -352,17 +286,11 @@ class Engine:
             if target in seen:
                 continue
             seen.add(target)
-            for kind in _OWNED_KINDS:
-                if knob_key(event, kind) not in self.knobs:
+            for kind in OWNED_KINDS:
+                resumed = self._knobs.resume_orphaned(event, kind)
+                if resumed is None:
                     continue
-                key, entry = self._knob(event, kind)
-                top = self._top(entry) if entry["applied"] is None else None
-                entry["applied"] = top or entry["applied"]
-                self._store(key, entry)
-                owner = self.registry.get(top) if top is not None else None
-                if owner is None:
-                    continue
-                action = _ACTION.validate_python(entry["claims"][top]["action"])
+                owner, action = resumed
                 if not self._within_budget(event):
                     out.decisions.append(PolicyDecision(
                         event_time_ms=event.event_time_ms, policy_name=owner.name,
@@ -371,19 +299,10 @@ class Engine:
                         detail=f"resume {kind} not sent, {self._over_budget}",
                     ))
                     continue
-                command = sign(ActuationCommand(
-                    actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
-                                              event.identity.worker_id, "resume", kind,
-                                              event.event_time_ms),
-                    event_time_ms=event.event_time_ms,
-                    target=event.identity,
-                    expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
-                    policy_name=owner.name,
-                    policy_version=owner.version,
-                    action=action,
-                    reason=f"{owner.name} v{owner.version} resumes {kind}: the claim above "
-                           "it expired or its policy was removed",
-                ), self._signing_key)
+                command = self._command(
+                    owner, event, action, ("resume", kind, event.event_time_ms),
+                    f"{owner.name} v{owner.version} resumes {kind}: the claim above it "
+                    "expired or its policy was removed")
                 out.commands.append(command)
                 out.decisions.append(PolicyDecision(
                     event_time_ms=event.event_time_ms, policy_name=owner.name,

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
 from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, decode, sign
@@ -17,7 +18,7 @@ from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, decode, sign
 class Replay:
     output: EngineOutput = field(default_factory=EngineOutput)
     events: int = 0
-    states: dict[str, dict] = field(default_factory=dict)
+    states: dict[str, PolicyState] = field(default_factory=dict)
 
 
 def read_trace(path: Path) -> Iterator[FeatureEvent]:

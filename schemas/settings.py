@@ -24,6 +24,11 @@ class DsecSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DSEC_", frozen=True, extra="forbid")
 
     bootstrap: str = "127.0.0.1:9092"
+    # Endpoint mode, for workers that cannot reach Kafka: the probe posts to the ingest
+    # gateway at this URL (http(s)://host:port) instead, presenting endpoint_token (the
+    # gateway's enrolment token, or this worker's own runtime token).
+    endpoint: str | None = None
+    endpoint_token: SecretStr | None = None
     topic_prefix: str = Field(default="dsec", pattern=r"^[A-Za-z0-9_.\-]+$")
     job_id: str = "default"
     # Of the topics dsec creates: `dsec init`'s and the stream jobs' table changelogs.

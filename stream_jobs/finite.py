@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.stream_jobs import worker_features
-from dsec.stream_jobs.worker_features import FeatureConfig, State, Update
+from dsec.stream_jobs.worker_features import FeatureConfig, Update
+from dsec.stream_jobs.worker_state import WorkerState
 
 
 def nonfinite_outputs(update: Update) -> list[str]:
@@ -27,14 +29,14 @@ def nonfinite_outputs(update: Update) -> list[str]:
 
 
 def checked_update(
-    state: State, frames: dict[str, Frame], partition: int, offset: int, now_ms: int,
-    config: FeatureConfig, batch_id: str | None = None,
+    state: WorkerState, frames: dict[str, Frame], partition: int, offset: int, now_ms: int,
+    config: FeatureConfig, batch_id: str | None = None, identity: WorkerIdentity | None = None,
 ) -> tuple[Update, str | None]:
     """``worker_features.update``, and why its outputs cannot be published (None when they
     can). Where they cannot, the update returned holds the state unchanged."""
     try:
         update = worker_features.update(state, frames, partition, offset, now_ms, config,
-                                        batch_id)
+                                        batch_id, identity)
     except (ArithmeticError, ValueError) as exc:
         return Update(state=state, skipped=True), f"features not computable: {exc}"
     bad = nonfinite_outputs(update)

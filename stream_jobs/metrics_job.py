@@ -1,52 +1,28 @@
 """The metrics job: validate probe batches (bad ones → dead letters), derive per-worker
-features and per-GPU profile contributions, and publish them.
+features and per-GPU profile contributions, and say what to publish.
 
-The agent takes events in batches and only routes and keeps state; the statistics
-live in ``stats`` and ``worker_features`` as pure functions. Per-worker state is a
-Faust table keyed like the metrics topic (by worker), so a restarted or rebalanced
-stream worker resumes from it. A batch's input offsets are acknowledged after every
-output of the batch is delivered; Faust's ``take_events`` acknowledges in a ``finally``,
-so a batch whose processing raises is acknowledged too (a known gap).
+No broker here: ``MetricsJob`` takes consumed records and gives the outputs to publish
+and the worker states to keep, over a mapping of worker states it is given (the Faust
+table in the stream job, a dict in tests). The statistics live in ``stats`` and
+``worker_features`` as pure functions. The caller keeps the order that makes a replay
+safe: a batch's outputs delivered, then its states saved, then its offsets committed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from dsec.infra.faust_app import (
-    TP,
-    App,
-    EventT,
-    StreamT,
-    dead_letter_for,
-    fetch_topic_metadata,
-)
-from dsec.infra.faust_app import publish as publish_to
-from dsec.infra.observability.metrics import (
-    EVENTS_DEAD_LETTERED,
-    EVENTS_IN,
-    EVENTS_OUT,
-    FEATURE_UPDATE_LATENCY,
-    GRADIENT_SYNC_SUCCESS_RATE,
-    PROBE_SAMPLES_DROPPED,
-    SANDBOX_UTILIZATION_RATE,
-    SNAPSHOT_RECOVERY_TIME,
-    WORKERS_LOST,
-    ProcessMetrics,
-    dead_letter_reason,
-)
+from dsec.infra.records import Output, Record
 from dsec.schemas import (
     DecodeError,
     FeatureEvent,
     GpuProfileEvent,
     WorkerIdentity,
-    encode,
     now_ms,
 )
 from dsec.schemas.event_times import EventTimeWindow
@@ -55,7 +31,13 @@ from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import finite, worker_features
-from dsec.stream_jobs.worker_features import FeatureConfig
+from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution
+from dsec.stream_jobs.worker_state import WorkerState
+
+__all__ = [
+    "BatchResult", "JobCounters", "LivenessResult", "MetricsBatch", "MetricsJob",
+    "derived_event_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,174 +52,180 @@ class JobCounters:
     gpu_profiles_out: int = 0
 
 
-METRICS_JOB_TABLES = ("worker-state",)
-SERVICE = "stream-jobs"
-
-
-class _JobInstruments:
-    """The metrics job's Prometheus instruments, bound to their labels once; updated once
-    per batch of messages, from what the batch saw, never per sample."""
-
-    def __init__(self, metrics: ProcessMetrics, topics: TopicNames,
-                 utilisation_ttl_s: float = 60.0) -> None:
-        events_in, events_out = metrics.counter(EVENTS_IN), metrics.counter(EVENTS_OUT)
-        self.messages_in = events_in.labels(SERVICE, topics.metrics)
-        self.features_out = events_out.labels(SERVICE, topics.features)
-        self.gpu_profiles_out = events_out.labels(SERVICE, topics.gpu_profiles)
-        self.dead_letters_out = events_out.labels(SERVICE, topics.dead_letters)
-        self.dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED)
-        self.batch_latency = metrics.histogram(FEATURE_UPDATE_LATENCY)
-        self.recovery_time = metrics.histogram(SNAPSHOT_RECOVERY_TIME)
-        self.sync_success = metrics.latest(GRADIENT_SYNC_SUCCESS_RATE)
-        self.samples_dropped = metrics.latest(PROBE_SAMPLES_DROPPED)
-        self.workers_lost = metrics.gauge(WORKERS_LOST)
-        # The mean over workers of each one's latest device utilisation (ratio).
-        self.utilisation = metrics.mean_of_latest(SANDBOX_UTILIZATION_RATE, utilisation_ttl_s)
-
-    def batch_done(self, started_s: float, messages: int,
-                   derived: dict[str, list[dict[str, float]]],
-                   recoveries: list[np.ndarray]) -> None:
-        """``derived``: per worker, the features of each of its messages in the batch."""
-        self.messages_in.inc(messages)
-        self.batch_latency.observe(time.perf_counter() - started_s)
-        sync, dropped, utilisation = [], [], []
-        for worker, in_order in derived.items():
-            latest: dict[str, float] = {}
-            for features in in_order:
-                latest.update(features)
-            if (value := latest.get("grad_sync_success_rate")) is not None:
-                sync.append(((worker,), value))
-            if (value := latest.get("probe_samples_dropped")) is not None:
-                dropped.append(((worker,), value))
-            if (value := latest.get("gpu_utilisation_pct")) is not None:
-                utilisation.append(((worker,), value / 100.0))
-        if sync:
-            self.sync_success.set_many(sync)
-        if dropped:
-            self.samples_dropped.set_many(dropped)
-        if utilisation:
-            self.utilisation.set_many(utilisation)
-        for times in recoveries:
-            for value in times:
-                self.recovery_time.observe(float(value))
-
-
 def derived_event_id(*parts: object) -> str:
     """A deterministic id: re-deriving the same output after a replay gives the same id."""
     return hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=16).hexdigest()
 
 
-def register_metrics_job(
-    app: App,
-    topics: TopicNames,
-    config: FeatureConfig | None = None,
-    batch_max_messages: int = 500,
-    batch_within_s: float = 0.05,
-    metrics: ProcessMetrics | None = None,
-    loop_turn_every_s: float = 0.001,
-    event_times: EventTimeWindow | None = None,
-) -> JobCounters:
-    """``event_times``: the sample times the store keeps; batches with samples outside it
-    are dead-lettered (the default: the store's default window)."""
-    event_times = event_times or EventTimeWindow()
-    config = config or FeatureConfig()
-    counters = JobCounters()
-    instruments = _JobInstruments(metrics or ProcessMetrics(), topics)
-    metrics = app.topic(topics.metrics, value_type=bytes, key_type=bytes)
-    # Keyed by worker id, partitioned as the metrics topic is: a worker's state lives
-    # with its events, and timers may update it outside any event.
-    # Raw keys (the worker id's bytes, as on the metrics topic): the changelog partition
-    # chosen by the partitioner is then the partition the worker's events are on.
-    # partition -> the highest source offset processed here: a worker is judged silent
-    # only where everything on its partition has been read.
-    processed_through: dict[int, int] = {}
-    worker_state = app.Table(
-        "worker-state", default=dict, partitions=None, key_type=bytes, use_partitioner=True
-    )
+@dataclass
+class BatchResult:
+    """What one batch of records gave: ``per_record`` (a feature event or a dead letter for
+    each record that gave one, in the records' order), then ``gpu_profiles`` (the latest
+    contribution per GPU and worker), and the worker states to save once they are out.
+    ``derived``: per worker, the features of each of its records, for telemetry."""
 
-    async def publish(topic: str, key: bytes, value: bytes) -> asyncio.Future:
-        """Hands an output to the producer; the future resolves once the broker has it."""
-        return await publish_to(app, topic, key, value)
+    per_record: list[Output] = field(default_factory=list)
+    gpu_profiles: list[Output] = field(default_factory=list)
+    states: dict[str, WorkerState] = field(default_factory=dict)
+    derived: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    recovery_times_s: list[np.ndarray] = field(default_factory=list)
+    dead_letter_reasons: list[str] = field(default_factory=list)
 
-    def feature_event(
-        identity: WorkerIdentity, values: dict[str, float], event_id: str,
-        tags: dict[str, str] | None = None,
-    ) -> bytes:
-        return encode(FeatureEvent(
-            event_id=event_id, identity=identity, window="rolling", features=values,
-            tags=tags or {},
-        ))
+    @property
+    def outputs(self) -> list[Output]:
+        return [*self.per_record, *self.gpu_profiles]
 
-    async def dead_letter(event: EventT, reason: str) -> asyncio.Future:
-        counters.dead_letters += 1
-        instruments.dead_lettered.labels(SERVICE, dead_letter_reason(reason)).inc()
-        instruments.dead_letters_out.inc()
-        return await publish(topics.dead_letters, event.message.topic.encode(),
-                             encode(dead_letter_for(event, reason)))
 
-    async def process(events: list[EventT]) -> None:
-        started_s = time.perf_counter()
-        sends = []
-        derived: dict[str, list[dict[str, float]]] = {}
-        recoveries: list[np.ndarray] = []
-        gpus: dict[tuple[str, str], tuple[WorkerIdentity, worker_features.GpuContribution,
-                                          int, int]] = {}
-        states: dict[str, dict] = {}
-        features_out = 0
-        wall_ms = now_ms()
-        turn_s = started_s
-        for event in events:
-            if time.perf_counter() - turn_s > loop_turn_every_s:
-                # A turn of the event loop now and then: the consumer's fetcher and the
-                # producer's sender run in it, and a batch worked through in one go would
-                # leave the next batch unfetched and this one's outputs unsent until the end.
-                await asyncio.sleep(0)
-                turn_s = time.perf_counter()
-            counters.messages_in += 1
-            message = event.message
-            if message.offset > processed_through.get(message.partition, -1):
-                processed_through[message.partition] = message.offset
-            try:
-                decoded = decode_metric_batch(event.value, event_times, wall_ms)
-            except DecodeError as exc:
-                sends.append(await dead_letter(event, exc.reason))
+@dataclass
+class LivenessResult:
+    """Workers found lost: their feature events, and their states to save once those are
+    out. ``lost_workers``: how many of the workers held here are lost, these included."""
+
+    outputs: list[Output] = field(default_factory=list)
+    states: dict[str, WorkerState] = field(default_factory=dict)
+    lost_workers: int = 0
+
+
+class MetricsJob:
+    def __init__(
+        self,
+        topics: TopicNames,
+        states: MutableMapping[str, WorkerState],
+        config: FeatureConfig | None = None,
+        event_times: EventTimeWindow | None = None,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        """``states``: worker id -> state. ``event_times``: the sample times the store
+        keeps; batches with samples outside it are dead-lettered (the default: the store's
+        default window). ``clock_ms``: the wall clock (epoch ms) that stamps each output
+        as it is made."""
+        self.topics = topics
+        self.states = states
+        self.config = config or FeatureConfig()
+        self.event_times = event_times or EventTimeWindow()
+        self.clock_ms = clock_ms
+        self.counters = JobCounters()
+        # partition -> the highest source offset processed here: a worker is judged silent
+        # only where everything on its partition has been read.
+        self.processed_through: dict[int, int] = {}
+
+    def start_batch(self, batch_ms: int) -> MetricsBatch:
+        """A batch to feed one record at a time, for a caller that publishes as it goes."""
+        return MetricsBatch(self, batch_ms)
+
+    def process(self, records: Iterable[Record], batch_ms: int) -> BatchResult:
+        """One batch at once; ``batch_ms``: the wall-clock time (epoch ms) it is taken at,
+        which bounds the sample times accepted and times the heartbeats."""
+        batch = self.start_batch(batch_ms)
+        for record in records:
+            batch.add(record)
+        return batch.finish()
+
+    def save(self, states: dict[str, WorkerState]) -> None:
+        """Keeps the states of a batch or a liveness check; call once its outputs are out."""
+        for worker, state in states.items():
+            self.states[worker] = state
+
+    def check_liveness(
+        self, now_ms: int, partition_end: Callable[[int], int | None],
+    ) -> LivenessResult:
+        """``partition_end``: a metrics partition's end offset as last fetched (None where
+        unknown or not assigned here)."""
+        result = LivenessResult()
+        for worker, state in list(self.states.items()):
+            caught_up = self._caught_up(state.partition, partition_end)
+            new_state, lost = worker_features.liveness(state, now_ms, self.config, caught_up)
+            if lost is None:
+                result.lost_workers += state.heartbeat.lost
                 continue
-            batch, frames = decoded.header, decoded.frames
-            worker = batch.identity.worker_id
-            counters.samples_in += decoded.sample_count()
-            state = states[worker] if worker in states else worker_state[worker.encode()]
-            result, problem = finite.checked_update(
-                state, frames, message.partition, message.offset, wall_ms, config,
-                duplicate_key(batch))
-            if problem is not None:
-                sends.append(await dead_letter(event, problem))
-                continue
-            if result.skipped:
-                counters.replayed_skipped += 1
-                continue
-            if "recovery" in frames:
-                recoveries.append(frames["recovery"]["recovery_time_s"])
-            state = dict(result.state)
-            state["identity"] = batch.identity.model_dump()
-            state["partition"] = message.partition
-            states[worker] = state
-            if result.features:
-                # One feature event per input message, with an id derived from it.
-                event_id = derived_event_id("features", worker, message.partition,
-                                            message.offset)
-                sends.append(await publish(
-                    topics.features, worker.encode(),
-                    feature_event(batch.identity, result.features, event_id, result.tags),
-                ))
-                counters.features_out += 1
-                features_out += 1
-                derived.setdefault(worker, []).append(result.features)
-            for contribution in result.gpus:
-                gpus[(contribution.gpu_uuid, worker)] = (
-                    batch.identity, contribution, message.partition, message.offset)
-        for (uuid, worker), (identity, contribution, partition, offset) in gpus.items():
+            result.lost_workers += 1
+            assert state.identity is not None  # a state with a heartbeat has its identity
+            event_id = derived_event_id("lost", worker, state.heartbeat.last_seen_ms)
+            result.outputs.append(self.feature_output(state.identity, lost, event_id))
+            result.states[worker] = new_state
+            self.counters.features_out += 1
+            log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
+        return result
+
+    def _caught_up(self, partition: int | None,
+                   partition_end: Callable[[int], int | None]) -> bool:
+        """Every message on the partition, up to its end as last fetched, is processed."""
+        if partition is None:
+            return False
+        end = partition_end(partition)
+        return end is not None and self.processed_through.get(partition, -1) >= end - 1
+
+    def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
+                       event_id: str, tags: dict[str, str] | None = None) -> Output:
+        event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
+                             identity=identity, window="rolling", features=values,
+                             tags=tags or {})
+        return Output(self.topics.features, identity.worker_id.encode(), event)
+
+    def dead_letter_output(self, record: Record, reason: str) -> Output:
+        self.counters.dead_letters += 1
+        return Output(self.topics.dead_letters, record.topic.encode(),
+                      record.dead_letter(reason))
+
+
+class MetricsBatch:
+    """One batch under way: records in one at a time, each giving at most one output to
+    publish at once; ``finish`` gives the rest."""
+
+    def __init__(self, job: MetricsJob, batch_ms: int) -> None:
+        self._job = job
+        self._batch_ms = batch_ms
+        self._result = BatchResult()
+        self._gpus: dict[tuple[str, str], tuple[WorkerIdentity, GpuContribution, Record]] = {}
+
+    def add(self, record: Record) -> Output | None:
+        job, result = self._job, self._result
+        job.counters.messages_in += 1
+        if record.offset > job.processed_through.get(record.partition, -1):
+            job.processed_through[record.partition] = record.offset
+        try:
+            decoded = decode_metric_batch(record.value, job.event_times, self._batch_ms)
+        except DecodeError as exc:
+            return self._dead_letter(record, exc.reason)
+        batch, frames = decoded.header, decoded.frames
+        worker = batch.identity.worker_id
+        job.counters.samples_in += decoded.sample_count()
+        state = result.states.get(worker) or job.states.get(worker) or WorkerState()
+        update, problem = finite.checked_update(
+            state, frames, record.partition, record.offset, self._batch_ms, job.config,
+            duplicate_key(batch), batch.identity)
+        if problem is not None:
+            return self._dead_letter(record, problem)
+        if update.skipped:
+            job.counters.replayed_skipped += 1
+            return None
+        if "recovery" in frames:
+            result.recovery_times_s.append(frames["recovery"]["recovery_time_s"])
+        result.states[worker] = update.state
+        for contribution in update.gpus:
+            self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)
+        if not update.features:
+            return None
+        # One feature event per input message, with an id derived from it.
+        event_id = derived_event_id("features", worker, record.partition, record.offset)
+        output = job.feature_output(batch.identity, update.features, event_id, update.tags)
+        result.per_record.append(output)
+        result.derived.setdefault(worker, []).append(update.features)
+        job.counters.features_out += 1
+        return output
+
+    def _dead_letter(self, record: Record, reason: str) -> Output:
+        output = self._job.dead_letter_output(record, reason)
+        self._result.per_record.append(output)
+        self._result.dead_letter_reasons.append(reason)
+        return output
+
+    def finish(self) -> BatchResult:
+        topic = self._job.topics.gpu_profiles
+        for (uuid, worker), (identity, contribution, record) in self._gpus.items():
             profile = GpuProfileEvent(
-                event_id=derived_event_id("gpu", uuid, worker, partition, offset),
+                event_id=derived_event_id("gpu", uuid, worker, record.partition, record.offset),
+                event_time_ms=self._job.clock_ms(),
                 gpu_uuid=uuid, gpu_model=contribution.gpu_model, identity=identity,
                 regimes={name: RegimeGrowth(delta_bytes=d_bytes, delta_s=d_s)
                          for name, (d_bytes, d_s) in contribution.regimes.items()},
@@ -245,55 +233,6 @@ def register_metrics_job(
                 bandwidth_jitter=contribution.bandwidth_jitter,
                 samples=contribution.samples,
             )
-            sends.append(await publish(topics.gpu_profiles, f"{uuid}/{worker}".encode(),
-                                       encode(profile)))
-            counters.gpu_profiles_out += 1
-        # Outputs first, state second: a crash in between replays the batch, which derives
-        # the same outputs under the same ids (deduplicated downstream).
-        if sends:
-            await asyncio.gather(*sends)
-        for worker, state in states.items():
-            worker_state[worker.encode()] = state
-        instruments.features_out.inc(features_out)
-        instruments.gpu_profiles_out.inc(len(gpus))
-        instruments.batch_done(started_s, len(events), derived, recoveries)
-
-    @app.agent(metrics, name="metrics-job")
-    async def metrics_job(stream: StreamT) -> None:
-        await fetch_topic_metadata(app, worker_state.changelog_topic.get_topic_name())
-        async for events in stream.take_events(batch_max_messages, within=batch_within_s):
-            await process(list(events))
-
-    def caught_up(partition: int | None) -> bool:
-        """Every message on the partition, up to its end as last fetched, is processed."""
-        if partition is None:
-            return False
-        try:
-            end = app.consumer.highwater(TP(topics.metrics, partition))
-        except Exception:  # not assigned here (any more)
-            return False
-        return end is not None and processed_through.get(partition, -1) >= end - 1
-
-    @app.timer(interval=1.0)
-    async def liveness_check() -> None:
-        wall_ms = int(time.time() * 1000)
-        lost_workers = 0
-        for key, state in list(worker_state.items()):
-            new_state, lost = worker_features.liveness(
-                state, wall_ms, config, caught_up(state.get("partition")))
-            if lost is None:
-                lost_workers += bool(state.get("lost"))
-                continue
-            lost_workers += 1
-            worker = key.decode()
-            identity = WorkerIdentity.model_validate(state["identity"])
-            event_id = derived_event_id("lost", worker, state.get("last_heartbeat_ms"))
-            await (await publish(topics.features, worker.encode(),
-                                 feature_event(identity, lost, event_id)))
-            worker_state[key] = new_state
-            counters.features_out += 1
-            instruments.features_out.inc()
-            log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
-        instruments.workers_lost.set(lost_workers)
-
-    return counters
+            self._result.gpu_profiles.append(Output(topic, f"{uuid}/{worker}".encode(), profile))
+        self._job.counters.gpu_profiles_out += len(self._gpus)
+        return self._result

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from dsec.bench.cli import bench_app
 from dsec.cli.actuator import actuator_command
+from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.policy import policy_app
@@ -32,6 +33,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(experiment_app, name="experiment")
 app.command("ingest-gateway")(ingest_gateway)
 app.command("run", context_settings=RUN_CONTEXT)(run_command)
+app.command("doctor")(doctor_command)
 console = Console()
 err_console = Console(stderr=True)
 

@@ -33,7 +33,7 @@ from dsec.infra.topics import ensure_changelog_topics, ensure_topics
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
-from dsec.stream_jobs.metrics_job import METRICS_JOB_TABLES, register_metrics_job
+from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)

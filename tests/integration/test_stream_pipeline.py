@@ -25,6 +25,7 @@ from dsec.schemas.frames import batch_frames
 from dsec.schemas.settings import DsecSettings
 from dsec.services.stack import SERVICES, sink_group, stream_group
 from dsec.stream_jobs import worker_features
+from dsec.stream_jobs.worker_state import WorkerState
 
 pytestmark = pytest.mark.integration
 START_MS = int(time.time() * 1000) - 3_600_000
@@ -82,7 +83,7 @@ def _final_features(settings: DsecSettings, worker: str,
 
 
 def _expected_final(batches) -> dict[str, float]:
-    state: dict = {}
+    state = WorkerState()
     last: dict[str, float] = {}
     for offset, batch in enumerate(batches):
         update = worker_features.update(state, batch_frames(batch), 0, offset, 0,

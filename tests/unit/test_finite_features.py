@@ -7,6 +7,7 @@ import numpy as np
 
 from dsec.stream_jobs import finite, worker_features
 from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution, Update
+from dsec.stream_jobs.worker_state import WorkerState
 
 CONFIG = FeatureConfig()
 
@@ -24,7 +25,8 @@ def _episodes(rewards: list[float], first_index: int = 0) -> dict:
 
 
 def test_nonfinite_outputs_names_features_and_gpu_fields() -> None:
-    update = Update(state={}, features={"reward_variance": float("inf"), "reward_mean": 1.0},
+    update = Update(state=WorkerState(),
+                    features={"reward_variance": float("inf"), "reward_mean": 1.0},
                     gpus=[GpuContribution("GPU-1", "m", {"short": (float("nan"), 1.0)}, 0,
                                           float("inf"), 1)])
     assert finite.nonfinite_outputs(update) == [
@@ -32,7 +34,7 @@ def test_nonfinite_outputs_names_features_and_gpu_fields() -> None:
 
 
 def test_a_huge_reward_is_refused_and_the_state_stays_as_it_was() -> None:
-    first, problem = finite.checked_update({}, _episodes([1.0, 2.0]), 0, 0, 0, CONFIG)
+    first, problem = finite.checked_update(WorkerState(), _episodes([1.0, 2.0]), 0, 0, 0, CONFIG)
     assert problem is None
     state = first.state
     refused, problem = finite.checked_update(state, _episodes([1e308, -1e308], 2), 0, 1, 0,
@@ -45,7 +47,7 @@ def test_a_huge_reward_is_refused_and_the_state_stays_as_it_was() -> None:
 
 
 def test_a_batch_published_twice_is_counted_once() -> None:
-    first = worker_features.update({}, _episodes([1.0]), 0, 0, 0, CONFIG, "batch-a")
+    first = worker_features.update(WorkerState(), _episodes([1.0]), 0, 0, 0, CONFIG, "batch-a")
     again = worker_features.update(first.state, _episodes([1.0]), 0, 1, 0, CONFIG, "batch-a")
     assert again.skipped
     other = worker_features.update(first.state, _episodes([2.0], 1), 0, 1, 0, CONFIG,

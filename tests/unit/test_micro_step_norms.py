@@ -13,6 +13,7 @@ from dsec.ingest import Probe, ProbeConfig
 from dsec.schemas.frames import batch_frames
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.stream_jobs.worker_features import FeatureConfig, _steps
+from dsec.stream_jobs.worker_state import StepWindow
 
 
 def _setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, Probe, RecordingTransport]:
@@ -107,7 +108,7 @@ def test_micro_step_samples_feed_the_norm_window_but_do_not_count_as_steps() -> 
     (batch,) = transport.batches()
     frame = batch_frames(batch)["step"]
     out: dict[str, float] = {}
-    _steps({}, frame, FeatureConfig(jump_ratio=20.0), out)
+    _steps(StepWindow(), frame, FeatureConfig(jump_ratio=20.0), out)
     assert out["steps_total"] == 3.0
     assert out["grad_norm_jumps"] == 11.0  # every pair of the 12 micro-steps swings
     assert np.isfinite(out["grad_norm"])

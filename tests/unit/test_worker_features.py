@@ -13,12 +13,13 @@ from dsec.bench.traces import (
 from dsec.schemas.frames import batch_frames
 from dsec.stream_jobs import worker_features
 from dsec.stream_jobs.worker_features import FeatureConfig
+from dsec.stream_jobs.worker_state import WorkerState
 
 CONFIG = FeatureConfig()
 
 
 def _run(batches):
-    state: dict = {}
+    state = WorkerState()
     outputs = []
     for offset, batch in enumerate(batches):
         update = worker_features.update(
@@ -60,10 +61,10 @@ def test_grad_norm_log_slope() -> None:
 
 def test_replayed_event_is_not_counted_twice() -> None:
     batch = reward_variance_jump(TraceIdentity(), jump_at_episode=5, episodes=10)[0]
-    first = worker_features.update({}, batch_frames(batch), 3, 41, 0, CONFIG)
+    first = worker_features.update(WorkerState(), batch_frames(batch), 3, 41, 0, CONFIG)
     again = worker_features.update(first.state, batch_frames(batch), 3, 41, 0, CONFIG)
     assert again.skipped and again.state == first.state
-    assert len(first.state["rewards"]) == 10
+    assert len(first.state.episodes.rewards) == 10
 
 
 def test_an_event_handed_over_ahead_of_its_turn_does_not_hide_the_ones_before_it() -> None:
@@ -71,7 +72,7 @@ def test_an_event_handed_over_ahead_of_its_turn_does_not_hide_the_ones_before_it
     # reads on from its committed position (offset 42): 42..49 still count, 50 once.
     batch = reward_variance_jump(TraceIdentity(), jump_at_episode=5, episodes=10)[0]
     frames = batch_frames(batch)
-    state = worker_features.update({}, frames, 3, 41, 0, CONFIG).state
+    state = worker_features.update(WorkerState(), frames, 3, 41, 0, CONFIG).state
     state = worker_features.update(state, frames, 3, 50, 0, CONFIG).state
     for offset in (42, 45, 49):
         step = worker_features.update(state, frames, 3, offset, 0, CONFIG)
@@ -82,20 +83,20 @@ def test_an_event_handed_over_ahead_of_its_turn_does_not_hide_the_ones_before_it
 
 
 def test_offsets_below_a_full_window_count_as_seen() -> None:
-    state: dict = {}
+    state = WorkerState()
     frames = batch_frames(grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0])
     for offset in range(100, 100 + 2 * (worker_features.RECENT_OFFSETS + 8), 2):
         state = worker_features.update(state, frames, 0, offset, 0, CONFIG).state
     assert worker_features.update(state, frames, 0, 101, 0, CONFIG).skipped
     assert not worker_features.update(state, frames, 0, 227, 0, CONFIG).skipped
-    legacy = {"offsets": {"0": 70}}  # a state from before the window
+    legacy = WorkerState.from_json({"offsets": {"0": 70}})  # a state from before the window
     assert worker_features.update(legacy, frames, 0, 70, 0, CONFIG).skipped
     assert not worker_features.update(legacy, frames, 0, 71, 0, CONFIG).skipped
 
 
 def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
-    state = worker_features.update({}, batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
     state, lost = worker_features.liveness(state, 12_000, CONFIG)
     assert lost is None
     state, lost = worker_features.liveness(state, 13_500, CONFIG)
@@ -103,14 +104,14 @@ def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     state, lost = worker_features.liveness(state, 20_000, CONFIG)
     assert lost is None  # reported once
     back = worker_features.update(state, batch_frames(batch), 0, 1, 21_000, CONFIG)
-    assert back.features["worker_lost"] == 0.0 and back.state["lost"] is False
+    assert back.features["worker_lost"] == 0.0 and back.state.heartbeat.lost is False
 
 
 def test_a_worker_is_not_lost_while_its_partition_has_unread_messages() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
-    state = worker_features.update({}, batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
     behind, lost = worker_features.liveness(state, 30_000, CONFIG, caught_up=False)
-    assert lost is None and not behind.get("lost")
+    assert lost is None and not behind.heartbeat.lost
     _, lost = worker_features.liveness(behind, 30_000, CONFIG, caught_up=True)
     assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 20.0}
 
@@ -123,6 +124,6 @@ def test_the_last_ending_is_tagged_for_alerts() -> None:
         episode=EpisodeColumns(event_time_ms=[1, 2, 3], episode_index=[0, 1, 2],
                                reward=[1.0] * 3, length=[5] * 3,
                                termination_reason=["collision_x12"] * 3)))
-    update = worker_features.update({}, batch_frames(batch), 0, 0, 0, CONFIG)
+    update = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 0, CONFIG)
     assert update.features["episode_same_end_streak"] == 3.0
     assert update.tags == {"episode_end_reason": "collision_x12"}

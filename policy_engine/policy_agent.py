@@ -1,0 +1,138 @@
+"""The policy agent as a stage, without Faust or a broker: feature records in; commands,
+audit records, tuned policies and dead letters out, in the order they are to be published.
+
+Per (policy, target) state and per (target, knob) ownership live in the mappings it is
+given (Faust tables in the stream job, dicts in tests), so a restarted engine neither
+forgets a pending ``for:`` timer or a staged policy nor fires twice; command ids derive
+from their cause, so a replayed event repeats the same id. The engine runs on the
+features' event times alone: no wall clock is read here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+from dsec.infra.records import Output, Record
+from dsec.policy_engine.decide import PolicyState
+from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.knobs import KnobEntry
+from dsec.policy_engine.registry import PolicyRegistry
+from dsec.schemas import (
+    ActuationCommand,
+    DeadLetter,
+    DecodeError,
+    FeatureEvent,
+    PolicyDecision,
+    PolicySpec,
+    decode,
+)
+from dsec.schemas.topics import TopicNames
+
+__all__ = ["AgentOutput", "EngineCounters", "PolicyAgent"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineCounters:
+    features_in: int = 0
+    batches: int = 0
+    decisions: int = 0
+    actuations_out: int = 0
+    policies_published: int = 0
+    policy_updates: int = 0
+    dead_letters: int = 0
+
+
+@dataclass
+class AgentOutput:
+    """One batch's outputs: ``messages``, every one in publication order (dead letters,
+    commands, tuned policies, then the audit records); ``evaluated``, what the engine
+    decided, and ``evaluation_s``, how long that took."""
+
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    evaluated: EngineOutput = field(default_factory=EngineOutput)
+    messages: list[Output] = field(default_factory=list)
+    evaluation_s: float = 0.0
+
+    @property
+    def commands(self) -> list[ActuationCommand]:
+        return self.evaluated.commands
+
+    @property
+    def decisions(self) -> list[PolicyDecision]:
+        return self.evaluated.decisions
+
+    @property
+    def policies(self) -> list[PolicySpec]:
+        return self.evaluated.policies
+
+
+class PolicyAgent:
+    def __init__(
+        self,
+        topics: TopicNames,
+        registry: PolicyRegistry,
+        states: MutableMapping[str, PolicyState],
+        knobs: MutableMapping[str, KnobEntry],
+        signing_key: bytes,
+        policies_from_offset: int = 0,
+    ) -> None:
+        """``registry`` holds the built-in pack and the policies topic read up to
+        ``policies_from_offset``; ``load_policy`` takes the topic on from there."""
+        self.topics = topics
+        self.registry = registry
+        self.engine = Engine(registry, states, knobs, signing_key)
+        self.policies_from_offset = policies_from_offset
+        self.counters = EngineCounters()
+
+    def process(self, records: Sequence[Record]) -> AgentOutput:
+        """A batch of the features topic; a record that is no feature event is
+        dead-lettered with its reason, and the others are evaluated."""
+        out = AgentOutput()
+        good: list[FeatureEvent] = []
+        letters: list[Output] = []
+        for record in records:
+            try:
+                good.append(decode(record.value, FeatureEvent))
+            except DecodeError as exc:
+                out.dead_letters.append(record.dead_letter(exc.reason))
+                letters.append(Output(self.topics.dead_letters, record.topic.encode(),
+                                      out.dead_letters[-1]))
+        self.counters.dead_letters += len(out.dead_letters)
+        self.counters.features_in += len(good)
+        self.counters.batches += 1
+        started_s = time.perf_counter()
+        out.evaluated = self.engine.evaluate(good)
+        out.evaluation_s = time.perf_counter() - started_s
+        evaluated = out.evaluated
+        out.messages = [
+            *letters,
+            *(Output(self.topics.actuations, c.target.node_id.encode(), c)
+              for c in evaluated.commands),
+            *(Output(self.topics.policies, p.name.encode(), p) for p in evaluated.policies),
+            *(self.audit(record) for record in evaluated.decisions),
+        ]
+        self.counters.actuations_out += len(evaluated.commands)
+        self.counters.policies_published += len(evaluated.policies)
+        return out
+
+    def load_policy(self, record: Record) -> Output | None:
+        """A record of the policies topic: the audit record of what installing it decided,
+        if anything; records below ``policies_from_offset`` were read at startup."""
+        if record.offset < self.policies_from_offset:
+            return None
+        decision = self.registry.offer(record.key, record.value)
+        if decision is None:
+            return None
+        self.counters.policy_updates += 1
+        log.warning("policy %s v%s: %s", decision.policy_name, decision.policy_version,
+                    decision.decision)
+        return self.audit(decision)
+
+    def audit(self, record: PolicyDecision) -> Output:
+        self.counters.decisions += 1
+        return Output(self.topics.decisions, record.policy_name.encode(), record)

@@ -1,0 +1,107 @@
+"""The metrics job as a Faust agent: batches of the metrics topic through ``MetricsJob``,
+its outputs published, then its worker states saved, then the batch acknowledged.
+
+Per-worker state is a Faust table keyed like the metrics topic (by worker), so a restarted
+or rebalanced stream worker resumes from it. A batch's input offsets are acknowledged
+after every output of the batch is delivered; Faust's ``take_events`` acknowledges in a
+``finally``, so a batch whose processing raises is acknowledged too (a known gap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dsec.infra.faust_app import (
+    TP,
+    App,
+    EventT,
+    StreamT,
+    fetch_topic_metadata,
+    publish,
+    record_of,
+)
+from dsec.infra.observability.metrics import ProcessMetrics
+from dsec.infra.records import Output
+from dsec.schemas import now_ms
+from dsec.schemas.event_times import EventTimeWindow
+from dsec.schemas.topics import TopicNames
+from dsec.stream_jobs.instruments import JobInstruments
+from dsec.stream_jobs.metrics_job import JobCounters, MetricsJob
+from dsec.stream_jobs.worker_features import FeatureConfig
+from dsec.stream_jobs.worker_state import WorkerStateTable
+
+__all__ = ["METRICS_JOB_TABLES", "register_metrics_job"]
+
+METRICS_JOB_TABLES = ("worker-state",)
+
+
+def register_metrics_job(
+    app: App,
+    topics: TopicNames,
+    config: FeatureConfig | None = None,
+    batch_max_messages: int = 500,
+    batch_within_s: float = 0.05,
+    metrics: ProcessMetrics | None = None,
+    loop_turn_every_s: float = 0.001,
+    event_times: EventTimeWindow | None = None,
+) -> JobCounters:
+    """``event_times``: the sample times the store keeps; batches with samples outside it
+    are dead-lettered (the default: the store's default window)."""
+    instruments = JobInstruments(metrics or ProcessMetrics(), topics)
+    source = app.topic(topics.metrics, value_type=bytes, key_type=bytes)
+    # Raw keys (the worker id's bytes, as on the metrics topic): the changelog partition
+    # chosen by the partitioner is then the partition the worker's events are on.
+    table = app.Table("worker-state", partitions=None, key_type=bytes, value_type=bytes,
+                      use_partitioner=True)
+    job = MetricsJob(topics, WorkerStateTable(table), config, event_times)
+
+    async def send(output: Output) -> asyncio.Future:
+        """Hands an output to the producer; the future resolves once the broker has it."""
+        return await publish(app, output.topic, output.key, output.value())
+
+    async def process(events: list[EventT]) -> None:
+        started_s = turn_s = time.perf_counter()
+        batch = job.start_batch(now_ms())
+        sends = []
+        for event in events:
+            if time.perf_counter() - turn_s > loop_turn_every_s:
+                # A turn of the event loop now and then: the consumer's fetcher and the
+                # producer's sender run in it, and a batch worked through in one go would
+                # leave the next batch unfetched and this one's outputs unsent until the end.
+                await asyncio.sleep(0)
+                turn_s = time.perf_counter()
+            output = batch.add(record_of(event))
+            if output is not None:
+                sends.append(await send(output))
+        result = batch.finish()
+        for output in result.gpu_profiles:
+            sends.append(await send(output))
+        # Outputs first, state second: a crash in between replays the batch, which derives
+        # the same outputs under the same ids (deduplicated downstream).
+        if sends:
+            await asyncio.gather(*sends)
+        job.save(result.states)
+        instruments.batch_done(started_s, len(events), result)
+
+    @app.agent(source, name="metrics-job")
+    async def metrics_job(stream: StreamT) -> None:
+        await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
+        async for events in stream.take_events(batch_max_messages, within=batch_within_s):
+            await process(list(events))
+
+    def partition_end(partition: int) -> int | None:
+        try:
+            return app.consumer.highwater(TP(topics.metrics, partition))
+        except Exception:  # not assigned here (any more)
+            return None
+
+    @app.timer(interval=1.0)
+    async def liveness_check() -> None:
+        result = job.check_liveness(int(time.time() * 1000), partition_end)
+        if result.outputs:
+            await asyncio.gather(*[await send(output) for output in result.outputs])
+        job.save(result.states)
+        instruments.liveness_checked(result)
+
+    return job.counters

@@ -1,0 +1,165 @@
+"""The metrics job as a stage, without Faust or a broker: records in, outputs and worker
+states out, on traces with known answers."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dsec.bench.traces import (
+    TraceIdentity,
+    grad_norm_decay,
+    leak_on_long_episodes,
+    reward_variance_jump,
+)
+from dsec.infra.records import Record
+from dsec.schemas import DeadLetter, FeatureEvent, GpuProfileEvent, MetricBatch, encode
+from dsec.schemas.topics import topic_names
+from dsec.stream_jobs.metrics_job import MetricsJob, derived_event_id
+from dsec.stream_jobs.worker_state import WorkerState, WorkerStateTable
+
+TOPICS = topic_names("t")
+IDENTITY = TraceIdentity()
+
+
+def _records(batches: list[MetricBatch], partition: int = 0, first_offset: int = 0,
+             ) -> list[Record]:
+    return [Record(TOPICS.metrics, partition, first_offset + i,
+                   batch.identity.worker_id.encode(), encode(batch))
+            for i, batch in enumerate(batches)]
+
+
+def _now_ms(batches: list[MetricBatch]) -> int:
+    return max(batch.event_time_ms for batch in batches) + 1_000
+
+
+def test_a_batch_gives_one_feature_event_per_record_with_the_known_slope() -> None:
+    batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.002, steps=1000)
+    job = MetricsJob(TOPICS, {})
+    result = job.process(_records(batches), _now_ms(batches))
+    assert [o.topic for o in result.per_record] == [TOPICS.features] * len(batches)
+    assert {o.key for o in result.per_record} == {b"worker-000"}
+    last = result.per_record[-1].event
+    assert isinstance(last, FeatureEvent)
+    assert last.features["grad_norm_log_slope"] == pytest.approx(-0.002, rel=1e-6)
+    assert last.features["steps_total"] == 1000.0
+    assert last.event_id == derived_event_id("features", "worker-000", 0, len(batches) - 1)
+    assert job.counters.features_out == len(batches) and job.counters.dead_letters == 0
+
+
+def test_states_are_kept_only_when_saved_after_the_outputs() -> None:
+    batches = reward_variance_jump(IDENTITY, jump_at_episode=5, episodes=40)
+    states: dict[str, WorkerState] = {}
+    job = MetricsJob(TOPICS, states)
+    result = job.process(_records(batches), _now_ms(batches))
+    assert states == {}  # nothing kept before the caller has published
+    job.save(result.states)
+    (state,) = states.values()
+    assert state.episodes.episodes_total == 40
+    assert state.identity == IDENTITY.worker() and state.partition == 0
+
+
+def test_a_replayed_batch_gives_nothing_and_counts_nothing_twice() -> None:
+    batches = reward_variance_jump(IDENTITY, jump_at_episode=5, episodes=40)
+    states: dict[str, WorkerState] = {}
+    job = MetricsJob(TOPICS, states)
+    first = job.process(_records(batches), _now_ms(batches))
+    job.save(first.states)
+    again = job.process(_records(batches), _now_ms(batches))
+    assert again.outputs == [] and again.states == {}
+    assert job.counters.replayed_skipped == len(batches)
+    assert states["worker-000"].episodes.episodes_total == 40
+
+
+def test_bad_records_are_dead_lettered_with_their_reason_and_the_batch_goes_on() -> None:
+    batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=20)
+    bad = Record(TOPICS.metrics, 2, 7, b"worker-000", b"{not json")
+    tombstone = Record(TOPICS.metrics, 2, 8, b"worker-000", None)
+    job = MetricsJob(TOPICS, {})
+    result = job.process([bad, *_records(batches), tombstone], _now_ms(batches))
+    letters = [o for o in result.per_record if o.topic == TOPICS.dead_letters]
+    assert [o.key for o in letters] == [TOPICS.metrics.encode()] * 2
+    first, second = (o.event for o in letters)
+    assert isinstance(first, DeadLetter) and isinstance(second, DeadLetter)
+    assert (first.partition, first.offset, first.payload) == (2, 7, "{not json")
+    assert "not JSON" in first.reason and "tombstone" in second.reason
+    assert result.dead_letter_reasons == [first.reason, second.reason]
+    assert len(result.per_record) == len(batches) + 2
+    assert job.counters.dead_letters == 2
+
+
+def test_samples_outside_the_stored_window_are_dead_lettered() -> None:
+    batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=10)
+    result = MetricsJob(TOPICS, {}).process(_records(batches), batch_ms=0)
+    assert {o.topic for o in result.per_record} == {TOPICS.dead_letters}
+    assert result.states == {}
+
+
+def test_one_gpu_profile_per_gpu_and_worker_with_the_known_leak() -> None:
+    leak = 2_000_000.0
+    batches = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=leak)
+    result = MetricsJob(TOPICS, {}).process(_records(batches), _now_ms(batches))
+    (profile,) = result.gpu_profiles
+    assert profile.topic == TOPICS.gpu_profiles
+    assert profile.key == f"{IDENTITY.gpu_uuid}/worker-000".encode()
+    event = profile.event
+    assert isinstance(event, GpuProfileEvent)
+    assert event.regimes["long"].delta_bytes / event.regimes["long"].delta_s == pytest.approx(
+        leak, rel=0.02)
+    assert event.event_id == derived_event_id("gpu", IDENTITY.gpu_uuid, "worker-000", 0,
+                                              len(batches) - 1)
+    assert result.outputs[-1] is profile
+
+
+def test_states_kept_as_table_bytes_give_the_same_outputs_as_kept_objects() -> None:
+    batches = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)
+    table: dict[bytes, bytes] = {}
+    in_objects = MetricsJob(TOPICS, {}, clock_ms=lambda: 1_000)
+    in_bytes = MetricsJob(TOPICS, WorkerStateTable(table), clock_ms=lambda: 1_000)
+    for start in range(0, len(batches), 7):
+        chunk = _records(batches[start:start + 7], first_offset=start)
+        results = [job.process(chunk, _now_ms(batches)) for job in (in_objects, in_bytes)]
+        assert results[0].outputs == results[1].outputs
+        for job, result in zip((in_objects, in_bytes), results, strict=True):
+            job.save(result.states)
+    assert list(table) == [b"worker-000"]
+    assert WorkerState.from_bytes(table[b"worker-000"]) == in_objects.states["worker-000"]
+
+
+def test_a_table_entry_of_before_is_read_and_carried_on() -> None:
+    old = {"identity": IDENTITY.worker().model_dump(), "partition": 0,
+           "recent_offsets": {"0": [0, 1]}, "rewards": [1.0, 2.0], "lengths": [10, 10],
+           "reward_times_ms": [1, 2], "episodes_total": 2, "last_heartbeat_ms": 5,
+           "gpus": {"GPU-0": {"model": "m", "last": [1, 100, "short"],
+                              "growth": {"short": [10.0, 1.0]}, "samples": 3}}}
+    states = WorkerStateTable({b"worker-000": orjson.dumps(old)})
+    state = states["worker-000"]
+    assert state.episodes.episodes_total == 2 and state.heartbeat.last_seen_ms == 5
+    assert state.gpus["GPU-0"].growth_by_regime["short"].delta_bytes == 10.0
+    assert state.recent_offsets == {0: [0, 1]}
+    batches = reward_variance_jump(IDENTITY, jump_at_episode=5, episodes=30)  # 10 a batch
+    result = MetricsJob(TOPICS, states).process(_records(batches, first_offset=1),
+                                                _now_ms(batches))
+    assert result.states["worker-000"].episodes.episodes_total == 2 + 20  # offset 1 was seen
+
+
+def test_liveness_reports_a_silent_worker_once_and_only_when_caught_up() -> None:
+    batch = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=10)  # 1 s heartbeats
+    job = MetricsJob(TOPICS, {})
+    now_ms = _now_ms(batch)
+    job.save(job.process(_records(batch, partition=3, first_offset=40), now_ms).states)
+    last = 40 + len(batch) - 1
+
+    behind = job.check_liveness(now_ms + 10_000, lambda partition: last + 5)
+    assert behind.outputs == [] and behind.lost_workers == 0
+    unknown = job.check_liveness(now_ms + 10_000, lambda partition: None)
+    assert unknown.outputs == []
+
+    lost = job.check_liveness(now_ms + 10_000, lambda partition: last + 1)
+    (output,) = lost.outputs
+    assert output.event.features == {"worker_lost": 1.0, "heartbeat_age_s": 10.0}
+    assert output.event.event_id == derived_event_id("lost", "worker-000", now_ms)
+    assert lost.lost_workers == 1
+    job.save(lost.states)
+    again = job.check_liveness(now_ms + 20_000, lambda partition: last + 1)
+    assert again.outputs == [] and again.lost_workers == 1
