@@ -4,8 +4,9 @@ says about the instrumented process, and the environment it travels in.
 The environment is the one channel to the instrumented process (and to the processes it
 starts, torchrun's ranks among them): each field becomes the ``DSEC_*`` variable the
 probe already reads. An ``endpoint`` is a Kafka bootstrap (``kafka://host:9092`` or
-``host:9092``) or the ingest gateway's URL (``http://dsec-control-plane:8080``), for
-workers that cannot reach Kafka.
+``host:9092``) or the ingest gateway's URL (``http://dsec-control-plane:8080``: endpoint
+mode, for workers that cannot reach Kafka; its token stays in ``DSEC_ENDPOINT_TOKEN``,
+out of config files).
 """
 
 from __future__ import annotations

@@ -23,10 +23,6 @@ class LaunchError(ValueError):
 def child_environment(config: ZeroTouchConfig, env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with the bootstrap first on ``PYTHONPATH`` and ``config``'s variables (which
     win over those already set)."""
-    if config.http_endpoint:
-        raise LaunchError(
-            f"endpoint {config.http_endpoint}: the probe's HTTP endpoint mode is not in this "
-            "build of dsec; give a Kafka bootstrap (kafka://host:port)")
     python_path = [str(BOOTSTRAP_DIR), *(
         entry for entry in env.get("PYTHONPATH", "").split(os.pathsep)
         if entry and entry != str(BOOTSTRAP_DIR))]

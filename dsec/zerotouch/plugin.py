@@ -25,7 +25,6 @@ from typing import Any
 import yaml
 
 from dsec.zerotouch.config import ZeroTouchConfig
-from dsec.zerotouch.launch import LaunchError, child_environment
 from dsec.zerotouch.session import ZeroTouch, install
 
 PLUGIN_NAME = "dsec"
@@ -77,10 +76,5 @@ def register(config: Mapping[str, Any] | ZeroTouchConfig | None = None) -> ZeroT
     whose settings win over the ``DSEC_*`` variables already set."""
     entry = (config if isinstance(config, ZeroTouchConfig)
              else ZeroTouchConfig.model_validate(config or {}))
-    try:
-        environment = child_environment(entry, {})
-    except LaunchError as exc:
-        raise PluginConfigError(str(exc)) from None
-    environment.pop("PYTHONPATH")  # this process is running already: hooks, not a path
-    os.environ.update(environment)
+    os.environ.update(entry.environment())  # this process runs already: hooks, not a path
     return install()

@@ -13,7 +13,7 @@ import pytest
 
 from dsec.zerotouch.config import ZeroTouchConfig
 from dsec.zerotouch.identity import RayContext, nvml_indices, process_identity, safe_id
-from dsec.zerotouch.launch import BOOTSTRAP_DIR, LaunchError, child_environment
+from dsec.zerotouch.launch import BOOTSTRAP_DIR, child_environment
 from dsec.zerotouch.plugin import PluginConfigError, entry_of, read_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ def test_the_child_gets_the_bootstrap_first_on_its_path_once() -> None:
                             {"PYTHONPATH": f"/a{os.pathsep}{BOOTSTRAP_DIR}", "HOME": "/h"})
     assert env["PYTHONPATH"] == f"{BOOTSTRAP_DIR}{os.pathsep}/a"
     assert env["HOME"] == "/h" and env["DSEC_SANDBOX_ID"] == "s"
-    with pytest.raises(LaunchError, match="HTTP endpoint mode"):
-        child_environment(ZeroTouchConfig(endpoint="http://gw:8080"), {})
+    gateway = child_environment(ZeroTouchConfig(endpoint="http://gw:8080"), {})
+    assert gateway["DSEC_ENDPOINT"] == "http://gw:8080" and "DSEC_BOOTSTRAP" not in gateway
 
 
 def test_the_entry_is_found_in_a_plugin_list_a_dsec_mapping_or_the_whole_file() -> None:
