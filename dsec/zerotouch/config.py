@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from dsec.schemas.base import Identifier, Model
-from dsec.zerotouch.session import SNAPSHOTS_ENV
+from dsec.zerotouch.appliers import SNAPSHOTS_ENV
 
 ENDPOINT_ENV = "DSEC_ENDPOINT"
 

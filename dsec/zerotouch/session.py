@@ -25,55 +25,22 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dsec.zerotouch.identity import nvml_indices, process_identity, ray_context, safe_id
+from dsec.zerotouch.identity import nvml_indices, process_identity, ray_context
 from dsec.zerotouch.import_hooks import when_imported
 
 log = logging.getLogger(__name__)
 
-KAFKA_LOGGER = "dsec.kafka"  # the Kafka clients' own log (librdkafka), said once a kind
 # At exit the actuator's consumer is a daemon thread: waiting longer for one stuck on an
 # unreachable broker would only hold the program's exit.
 ACTUATOR_STOP_TIMEOUT_S = 1.0
-SNAPSHOTS_ENV = "DSEC_RUN_SNAPSHOTS"  # "0": snapshot commands fail rather than save
-NEEDS_CODE = {
-    "grad_accumulation": "`with dsec.controls().grad_accumulation.micro_step(model) as sync:` "
-                         "around each backward",
-    "sampler": "`dsec.controls().sampler.wait_until_running()` in the sampling loop",
-    "sync_priority": "`dsec.controls().sync_priority.level` read by the loop's communication",
-}
-
-
-class OncePerMessage(logging.Handler):
-    """Hands each message of dsec's loggers on once, as it would have propagated (to the
-    program's handlers, or Python's last resort): a failure that repeats every step or
-    flush is said once, not every time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[tuple[str, str]] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        key = (record.name, str(record.msg))
-        if record.name == KAFKA_LOGGER and isinstance(record.args, tuple):
-            key += tuple(map(str, record.args[:2]))  # the Kafka client's: facility, client
-        if key not in self._seen:
-            self._seen.add(key)
-            logging.getLogger().handle(record)
-
-    @classmethod
-    def install(cls, logger_name: str = "dsec") -> None:
-        logger = logging.getLogger(logger_name)
-        if not any(isinstance(handler, cls) for handler in logger.handlers):
-            logger.addHandler(cls())
-            logger.propagate = False
 
 
 class ZeroTouch:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        from dsec.zerotouch.appliers import ZeroTouchAppliers
         from dsec.zerotouch.autocast import AutocastOverride
         from dsec.zerotouch.optimizers import OptimizerRegistry
 
@@ -89,6 +56,7 @@ class ZeroTouch:
         self._ddp: Any = None
         self.optimizers = OptimizerRegistry()
         self.autocast = AutocastOverride()
+        self._appliers = ZeroTouchAppliers(self.optimizers, self.autocast, self._compressible)
 
     # --- installing ------------------------------------------------------------------
 
@@ -103,6 +71,8 @@ class ZeroTouch:
         # that dsec's own one-liners and integrations start the runtime on first need
         when_imported("dsec.facade", lambda facade: facade.set_autostart(self.runtime))
         when_imported("dsec.ingest.current", lambda current: current.set_starter(self.runtime))
+        from dsec.zerotouch.log_once import OncePerMessage
+
         OncePerMessage.install()
         return self
 
@@ -235,6 +205,10 @@ class ZeroTouch:
         runtime = self._runtime
         return None if runtime is None else runtime.controls.grad_compression.hook
 
+    def _compressible(self) -> str | None:
+        return "torch.distributed is not available" if self._ddp is None else (
+            self._ddp.compressible)
+
     # --- the runtime -----------------------------------------------------------------
 
     def runtime(self) -> Any:
@@ -267,6 +241,7 @@ class ZeroTouch:
         from dsec.runtime import WorkerRuntime
         from dsec.schemas import WorkerIdentity
         from dsec.schemas.settings import DsecSettings
+        from dsec.zerotouch.log_once import KAFKA_LOGGER
 
         settings = DsecSettings()
         found = process_identity(self._env, socket.gethostname(), os.getpid(), ray_context())
@@ -278,7 +253,7 @@ class ZeroTouch:
         runtime = WorkerRuntime(settings, identity, ProbeConfig(**probe_overrides),
                                 kafka_logger=logging.getLogger(KAFKA_LOGGER),
                                 actuator_stop_timeout_s=ACTUATOR_STOP_TIMEOUT_S)
-        self._register_appliers(runtime)
+        self._appliers.register(runtime, self._env)
         runtime.start(commands_ready_timeout_s=0)  # never hold the training step
         self._started_here = True
         self._attach(runtime)
@@ -296,43 +271,6 @@ class ZeroTouch:
         if self._grad_sync is not None:
             runtime.probe.add_collector(self._grad_sync.collect)
 
-    def _register_appliers(self, runtime: Any) -> None:
-        from dsec.schemas import ActionKind
-
-        if self._env.get(SNAPSHOTS_ENV, "1") != "0":
-            runtime.on_action(ActionKind.SNAPSHOT, self._snapshot)
-        runtime.on_action(ActionKind.PRECISION, self.autocast.apply)
-        runtime.on_action(ActionKind.GRAD_COMPRESSION, self._compress)
-        for kind, line in NEEDS_CODE.items():
-            runtime.on_action(kind, _needs_code(kind, line))
-
-    # --- appliers --------------------------------------------------------------------
-
-    def _snapshot(self, params: Any) -> str:
-        """The zero-touch snapshot: the parameters and state of every optimizer the program
-        built, and the RNG (see ``optimizers.py``), in ``<snapshot dir>/<worker>``."""
-        runtime = self._runtime
-        trigger = runtime.controls.snapshot
-        if trigger.snapshotter is None:
-            from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
-            from dsec.zerotouch.optimizers import OptimizerParams, Optimizers
-
-            optimizers = self.optimizers.live()
-            if not optimizers:
-                raise RuntimeError("no optimizer built yet: nothing to snapshot")
-            directory = (Path(runtime.settings.snapshot_location())
-                         / safe_id(runtime.identity.worker_id).replace("/", "_"))
-            trigger.attach(Snapshotter(OptimizerParams(optimizers), Optimizers(optimizers),
-                                       SnapshotConfig(directory=directory)))
-        detail = trigger.apply(params)
-        return f"{detail}: parameters and state of {len(self.optimizers.live())} optimizer(s)"
-
-    def _compress(self, params: Any) -> str:
-        why_not = None if self._ddp is None else self._ddp.compressible
-        if self._ddp is None or why_not is not None:
-            raise RuntimeError(why_not or "torch.distributed is not available")
-        return self._runtime.controls.grad_compression.apply(params)
-
     # --- exit ------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -349,18 +287,11 @@ class ZeroTouch:
             log.exception("dsec: the worker runtime did not shut down cleanly")
             return
         if counters is not None and counters.samples_dropped:
-            log.warning("dsec: worker %s dropped %d of %d samples (%d messages failed); "
-                        "the broker at %s was not reachable for them",
-                        runtime.identity.worker_id, counters.samples_dropped,
-                        counters.samples_recorded, counters.messages_failed,
-                        runtime.settings.bootstrap)
-
-
-def _needs_code(kind: str, line: str) -> Callable[[Any], str]:
-    def apply(_params: Any) -> str:
-        raise RuntimeError(f"{kind} needs code under dsec run: {line}")
-
-    return apply
+            settings = runtime.settings
+            log.warning("dsec: worker %s dropped %d of %d samples (%d messages not "
+                        "delivered to %s)", runtime.identity.worker_id,
+                        counters.samples_dropped, counters.samples_recorded,
+                        counters.messages_failed, settings.endpoint or settings.bootstrap)
 
 
 _installed: ZeroTouch | None = None

@@ -22,9 +22,9 @@ from dsec.zerotouch.autocast import AutocastOverride
 from dsec.zerotouch.ddp import NO_DDP, PROGRAM_HOOK, DdpHooks
 from dsec.zerotouch.gym import install_make
 from dsec.zerotouch.import_hooks import PostImportFinder
+from dsec.zerotouch.log_once import OncePerMessage
 from dsec.zerotouch.losses import install_clip_hook, install_loss_hook
 from dsec.zerotouch.optimizers import OptimizerParams, OptimizerRegistry, Optimizers
-from dsec.zerotouch.session import OncePerMessage
 
 
 @pytest.fixture
