@@ -9,6 +9,11 @@ never a commit. Each command goes through the ``CommandPipeline``: the gate (add
 to a registered runtime, signature, expiry, duplicates), then ``WebhookPoster``, which
 POSTs it as JSON and reads the runtime's answer as the actuation result. A runtime answers
 2xx, optionally with ``{"status": "applied" | "failed" | "rejected", "detail": "..."}``.
+
+The body carries the command twice (``webhook_body``): ``command``, the signed command as
+on the actuation topic (a runtime that verifies signatures checks it), and ``action``, the
+plain form a platform's workflow reads without dsec's schemas:
+``{"policy": "grad_accumulation", "steps": 4, "target": "<runtime id>", ...}``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from confluent_kafka import Consumer
 
 from dsec.actuators.command_source import CommandSource, dead_letters_to
@@ -50,6 +56,27 @@ def post_json(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
             return response.status, response.read(65536)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(65536)
+
+
+def plain_action(command: ActuationCommand) -> dict[str, Any]:
+    """The command as a platform reads it: the action's kind as ``policy`` and its
+    parameters beside it, then whom it is for (``target``: the runtime; commands address a
+    worker, not a GPU), which dsec policy sent it, its id and its expiry."""
+    action = command.action.model_dump(mode="json")
+    return {"policy": action.pop("kind"), **action, "target": command.target.worker_id,
+            "policy_name": command.policy_name, "actuation_id": command.actuation_id,
+            "expires_at_ms": command.expires_at_ms}
+
+
+def webhook_body(command: ActuationCommand) -> bytes:
+    """What a runtime's webhook receives: the signed command and its plain form."""
+    return orjson.dumps({"command": orjson.Fragment(encode(command)),
+                         "action": plain_action(command)})
+
+
+def webhook_command(body: bytes) -> ActuationCommand:
+    """The signed command in a webhook body (for runtimes in Python, and the tests)."""
+    return ActuationCommand.model_validate(orjson.loads(body)["command"])
 
 
 def answer_status(http_status: int, body: bytes) -> tuple[ActuationStatus, str]:
@@ -88,8 +115,8 @@ class WebhookPoster(Applier):
         if registration is None or registration.webhook_url is None:
             return Outcome(ActuationStatus.REJECTED, "the runtime registered no webhook")
         try:
-            http_status, body = self._post(str(registration.webhook_url), encode(command),
-                                           self._timeout_s)
+            http_status, body = self._post(str(registration.webhook_url),
+                                           webhook_body(command), self._timeout_s)
         except Exception as exc:  # an unreachable webhook is a failed actuation, not a crash
             return Outcome(ActuationStatus.FAILED, f"webhook unreachable: {exc}")
         self.delivered += 1

@@ -90,6 +90,11 @@ WORKER_FEATURES: dict[str, str] = {
     "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
     "probe_samples_dropped": "samples the probe dropped since it started (count)",
     "last_recovery_time_s": "how long the worker's last resume took (s)",
+    # a platform runtime's latest report (registration or posted runtime sample)
+    "runtime_call_latency_ms": "the runtime's mean call latency (ms)",
+    "runtime_concurrency": "the calls the runtime runs at once (count)",
+    "runtime_call_latency_per_slot_ms": "mean call latency over concurrency (ms)",
+    "runtime_function_calling": "1 when the runtime's agents call functions, else 0",
 }
 
 FLEET_FEATURES: dict[str, str] = {
