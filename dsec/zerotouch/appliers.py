@@ -4,9 +4,11 @@
   RNG (``optimizers.py``), in ``<snapshot dir>/<worker id>``; refused when snapshots are
   off (``DSEC_RUN_SNAPSHOTS=0``, ``dsec run --no-snapshots``);
 - ``precision``: the program's autocast regions (``autocast.py``);
-- ``grad_compression``: through the DDP hook ``dsec run`` gave the model (``ddp.py``);
 - ``memory_cap``: as with ``dsec.init`` (the runtime's own applier);
-- the rest need the loop's help: refused, naming the line that adds it.
+- the rest need the program's help: refused, naming the line that adds it. Gradient
+  compression among them: a command reaches one worker, and under DDP one rank changing
+  its collectives alone leaves the others waiting on it, so only a program that decided
+  on compression (``dsec.controls().grad_compression.attach(ddp_model)``) gets it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dsec.zerotouch.optimizers import OptimizerParams, OptimizerRegistry, Optimi
 
 SNAPSHOTS_ENV = "DSEC_RUN_SNAPSHOTS"  # "0": snapshot commands are refused
 NEEDS_CODE = {
+    "grad_compression": "`dsec.controls().grad_compression.attach(ddp_model)`, on every "
+                        "rank (one rank compressing alone would leave the others waiting)",
     "grad_accumulation": "`with dsec.controls().grad_accumulation.micro_step(model) as sync:` "
                          "around each backward",
     "sampler": "`dsec.controls().sampler.wait_until_running()` in the sampling loop",
@@ -29,12 +33,9 @@ NEEDS_CODE = {
 
 
 class ZeroTouchAppliers:
-    def __init__(self, optimizers: OptimizerRegistry, autocast: AutocastOverride,
-                 compressible: Callable[[], str | None]) -> None:
-        """``compressible``: why gradient compression cannot apply, or None when it can."""
+    def __init__(self, optimizers: OptimizerRegistry, autocast: AutocastOverride) -> None:
         self._optimizers = optimizers
         self._autocast = autocast
-        self._compressible = compressible
 
     def register(self, runtime: Any, env: Mapping[str, str]) -> None:
         from dsec.schemas import ActionKind
@@ -43,7 +44,6 @@ class ZeroTouchAppliers:
         if env.get(SNAPSHOTS_ENV, "1") != "0":
             runtime.on_action(ActionKind.SNAPSHOT, self.snapshot)
         runtime.on_action(ActionKind.PRECISION, self._autocast.apply)
-        runtime.on_action(ActionKind.GRAD_COMPRESSION, self.compress)
         for kind, line in NEEDS_CODE.items():
             runtime.on_action(kind, _needs_code(kind, line))
 
@@ -61,12 +61,6 @@ class ZeroTouchAppliers:
                                        SnapshotConfig(directory=directory)))
         detail = trigger.apply(params)
         return f"{detail}: parameters and state of {len(self._optimizers.live())} optimizer(s)"
-
-    def compress(self, params: Any) -> str:
-        why_not = self._compressible()
-        if why_not is not None:
-            raise RuntimeError(why_not)
-        return self._runtime.controls.grad_compression.apply(params)
 
 
 def _needs_code(kind: str, line: str) -> Callable[[Any], str]:

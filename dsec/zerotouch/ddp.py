@@ -1,45 +1,29 @@
 """DDP without code: every ``DistributedDataParallel`` built gets a timed communication hook.
 
 The hook registered at construction times each gradient bucket (``ddp_bucket_all_reduce``
-samples) and hands the bucket to what reduces it: the actuator's gradient compression
-(plain all-reduce at 32 bits, as DDP's own hook) once the runtime has started, DDP's
-all-reduce hook before that. DDP takes one hook per model, so a hook the program registers
-later is not registered again: it takes the compression's place behind the timing (and
-compression commands then fail, saying why).
+samples) around DDP's own all-reduce hook. DDP takes one hook per model, so a hook the
+program registers later is not registered again: it takes the all-reduce's place behind
+the timing. The reduction itself is never changed here: a gradient compression command
+reaches one worker, and one rank switching its collectives alone would leave the others
+waiting on it.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, timed_comm_hook
 
-PROGRAM_HOOK = "the program registered a DDP communication hook of its own"
-NO_DDP = ("no DistributedDataParallel model in this process; gradient compression needs "
-          "one (built after `dsec run` started the program)")
-
 
 class DdpHooks:
-    def __init__(self, timer: GradSyncTimer, compression: Callable[[], CommHook | None]) -> None:
-        """``compression``: the running runtime's compression hook, or None before it starts."""
+    def __init__(self, timer: GradSyncTimer) -> None:
         self._timer = timer
-        self._compression = compression
         # model -> (the program's own hook, its state), once it registered one
         self._own: weakref.WeakKeyDictionary[Any, tuple[CommHook, Any]] = (
             weakref.WeakKeyDictionary())
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    @property
-    def compressible(self) -> str | None:
-        """Why gradient compression cannot apply here, or None when it can."""
-        if not len(self._hooked):
-            return NO_DDP
-        if any(model in self._own for model in self._hooked):
-            return PROGRAM_HOOK
-        return None
 
     def install(self, ddp_class: Any) -> None:
         original_init = ddp_class.__init__
@@ -74,9 +58,6 @@ class DdpHooks:
             if own is not None:
                 hook, state = own
                 return hook(state, bucket)
-            compression = self._compression()
-            if compression is not None:
-                return compression(process_group, bucket)
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
                 allreduce_hook,
             )

@@ -11,24 +11,23 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-/]")
+# Named tuples, not dataclasses: this loads in every process ``dsec run`` starts, and
+# ``dataclasses`` pulls in ``inspect``.
 MAX_ID_CHARS = 128
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-/")
 
 
-@dataclass(frozen=True)
-class RayContext:
+class RayContext(NamedTuple):
     """What the process knows of Ray (``ray.get_runtime_context()``), when it runs in Ray."""
 
     actor_id: str | None = None
     worker_id: str | None = None
 
 
-@dataclass(frozen=True)
-class ProcessIdentity:
+class ProcessIdentity(NamedTuple):
     worker_id: str
     node_id: str
     rank: int | None
@@ -38,7 +37,7 @@ class ProcessIdentity:
 
 def safe_id(text: str) -> str:
     """An identifier dsec accepts (letters, digits, ``_.:-/``; at most 128 characters)."""
-    return _UNSAFE.sub("_", text)[:MAX_ID_CHARS] or "_"
+    return "".join(c if c in _SAFE else "_" for c in text[:MAX_ID_CHARS]) or "_"
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

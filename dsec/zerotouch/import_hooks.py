@@ -4,14 +4,13 @@ A finder at the front of ``sys.meta_path`` finds the module through the finders 
 it and wraps its loader for the one ``exec_module``; once the module has run, the original
 loader is put back on the module and its spec (``importlib.resources`` and friends read
 it), then the callbacks run. A module already imported gets its callbacks at once. Only
-standard-library imports here: the ``sitecustomize`` loads this in every Python process
-``dsec run`` starts, whether it trains or not.
+standard-library imports here, and only cheap ones (not ``importlib.abc``: the import
+system takes any object with these methods): the ``sitecustomize`` loads this in every
+Python process ``dsec run`` starts, whether it trains or not.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import sys
 import threading
@@ -24,12 +23,12 @@ log = logging.getLogger(__name__)
 ModuleCallback = Callable[[ModuleType], None]
 
 
-class _HookedLoader(importlib.abc.Loader):
+class _HookedLoader:
     def __init__(self, loader: Any, on_loaded: Callable[[ModuleType], None]) -> None:
         self._loader = loader
         self._on_loaded = on_loaded
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: Any) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -43,7 +42,7 @@ class _HookedLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class PostImportFinder(importlib.abc.MetaPathFinder):
+class PostImportFinder:
     def __init__(self) -> None:
         self._callbacks: dict[str, list[ModuleCallback]] = {}
         self._finding = threading.local()

@@ -19,10 +19,8 @@ At exit the probe flushes what it holds and says what it dropped.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -40,7 +38,6 @@ ACTUATOR_STOP_TIMEOUT_S = 1.0
 
 class ZeroTouch:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        from dsec.zerotouch.appliers import ZeroTouchAppliers
         from dsec.zerotouch.autocast import AutocastOverride
         from dsec.zerotouch.optimizers import OptimizerRegistry
 
@@ -53,10 +50,8 @@ class ZeroTouch:
         self._step_hook: Callable[[Any, Any, Any], None] = self._first_step
         self._probe_step_hook: Callable[[Any, Any, Any], None] | None = None
         self._grad_sync: Any = None
-        self._ddp: Any = None
         self.optimizers = OptimizerRegistry()
         self.autocast = AutocastOverride()
-        self._appliers = ZeroTouchAppliers(self.optimizers, self.autocast, self._compressible)
 
     # --- installing ------------------------------------------------------------------
 
@@ -128,8 +123,7 @@ class ZeroTouch:
 
         self._grad_sync = GradSyncTimer(self)
         instrument_all_reduce(self._grad_sync)
-        self._ddp = DdpHooks(self._grad_sync, self._compression_hook)
-        self._ddp.install(DistributedDataParallel)
+        DdpHooks(self._grad_sync).install(DistributedDataParallel)
 
     def _instrument_gymnasium(self, gymnasium: ModuleType) -> None:
         from dsec.zerotouch.gym import install_make
@@ -201,13 +195,6 @@ class ZeroTouch:
         if runtime is not None:
             runtime.probe.record_episode(*args, **kwargs)
 
-    def _compression_hook(self) -> Any:
-        runtime = self._runtime
-        return None if runtime is None else runtime.controls.grad_compression.hook
-
-    def _compressible(self) -> str | None:
-        return "torch.distributed is not available" if self._ddp is None else (
-            self._ddp.compressible)
 
     # --- the runtime -----------------------------------------------------------------
 
@@ -241,9 +228,12 @@ class ZeroTouch:
         from dsec.runtime import WorkerRuntime
         from dsec.schemas import WorkerIdentity
         from dsec.schemas.settings import DsecSettings
+        from dsec.zerotouch.appliers import ZeroTouchAppliers
         from dsec.zerotouch.log_once import KAFKA_LOGGER
 
         settings = DsecSettings()
+        import socket
+
         found = process_identity(self._env, socket.gethostname(), os.getpid(), ray_context())
         probe_overrides: dict[str, Any] = {"grad_sync_timing": False}  # timed from import on
         if "DSEC_PROBE_GPU_INDICES" not in self._env:
@@ -253,12 +243,14 @@ class ZeroTouch:
         runtime = WorkerRuntime(settings, identity, ProbeConfig(**probe_overrides),
                                 kafka_logger=logging.getLogger(KAFKA_LOGGER),
                                 actuator_stop_timeout_s=ACTUATOR_STOP_TIMEOUT_S)
-        self._appliers.register(runtime, self._env)
+        ZeroTouchAppliers(self.optimizers, self.autocast).register(runtime, self._env)
         runtime.start(commands_ready_timeout_s=0)  # never hold the training step
         self._started_here = True
         self._attach(runtime)
         self._use_step_hook(runtime)
         facade.adopt(runtime)
+        import atexit
+
         atexit.register(self.shutdown)
         log.info("dsec: worker %s (node %s, job %s) instrumented by dsec run",
                  identity.worker_id, identity.node_id, identity.job_id)

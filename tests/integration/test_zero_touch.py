@@ -92,8 +92,12 @@ def test_unmodified_two_rank_ppo_under_torchrun_publishes_every_signal_and_snaps
         out, err = program.communicate(timeout=180)
     finally:
         if program.poll() is None:
-            os.killpg(program.pid, signal.SIGKILL)
-            program.communicate()
+            program.terminate()  # torchrun stops its ranks, each in a session of its own
+            try:
+                program.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(program.pid, signal.SIGKILL)
+                program.communicate()
     assert program.returncode == 0, err[-4000:]
     assert out.count("update ") >= 4  # the program's own output, as it prints it
 

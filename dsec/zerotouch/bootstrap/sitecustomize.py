@@ -23,13 +23,14 @@ def _instrument() -> None:
 
 def _run_hidden_sitecustomize() -> None:
     import importlib.machinery
-    import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
+    import importlib.util  # only when there is one to run: it costs every start-up
+
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
