@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsec.actuators.effects import Effect, Pending
 from dsec.actuators.gradient_quantisation import (
     QUANTISATION_BLOCK,
     SCALE_BYTES,
@@ -19,6 +20,7 @@ from dsec.actuators.gradient_quantisation import (
     quantise_levels,
     scale_count,
 )
+from dsec.actuators.loop_setting import LoopSetting
 from dsec.actuators.quantised_all_reduce import QuantisedAllReduce, ring_all_reduce_bytes
 from dsec.schemas.actuations import GradCompressionParams
 
@@ -33,27 +35,47 @@ __all__ = [
 ]
 
 
-class GradCompression:
-    """Holds the bits the actuator sets; ``attach(ddp_model)`` installs the comm hook."""
+class GradCompression(LoopSetting[int]):
+    """Holds the bits the actuator sets; ``attach(ddp_model)`` installs the comm hook (or
+    ``dsec.watch_ddp(model)``, which times it and weighs it by the sync priority too).
+    The bits in force are those the hook used for the last bucket."""
+
+    what = "gradient compression bits"
+    unattached = "no DDP communication hook of this worker compresses its gradients"
+    attach_hint = "call dsec.watch_ddp(model) after wrapping the model in DDP"
 
     def __init__(self, bits: int = 32, error_feedback: bool = True) -> None:
-        self.bits = bits
+        super().__init__(bits)
         self.buckets_sent = 0
         self.wire_bytes = 0  # what this rank put on the wire, all buckets together
-        self.last_bits: int | None = None
         self._quantised = QuantisedAllReduce(error_feedback)
 
-    def apply(self, params: GradCompressionParams) -> str:
-        previous, self.bits = self.bits, params.bits
-        return f"gradient compression {previous} -> {self.bits} bits"
+    @property
+    def bits(self) -> int:
+        """The bits the next bucket is sent with."""
+        return self.requested
 
-    def attach(self, ddp_model: Any) -> None:
+    @property
+    def last_bits(self) -> int | None:
+        return self.in_force
+
+    def apply(self, params: GradCompressionParams) -> Effect | Pending:
+        return self.request(params.bits)
+
+    def comm_hook(self) -> Any:
+        """The DDP communication hook (its state: the process group, None for the default
+        one), counted as attached from here on."""
+        self.registered = True
+
         # unannotated on purpose: DDP rejects a bucket annotation other than GradBucket,
         # and postponed annotations arrive as strings
         def comm_hook(state, bucket):  # type: ignore[no-untyped-def]
             return self.hook(state, bucket)
 
-        ddp_model.register_comm_hook(None, comm_hook)
+        return comm_hook
+
+    def attach(self, ddp_model: Any) -> None:
+        ddp_model.register_comm_hook(None, self.comm_hook())
 
     def hook(self, process_group: Any, bucket: Any) -> Any:
         import torch
@@ -62,8 +84,7 @@ class GradCompression:
         group = process_group if process_group is not None else dist.group.WORLD
         world = dist.get_world_size(group)
         buffer = bucket.buffer()
-        bits = self.bits
-        self.last_bits = bits
+        bits = self.take(self.bits)
         self.buckets_sent += 1
         if bits == 32:
             self._quantised.forget()

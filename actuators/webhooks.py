@@ -8,7 +8,8 @@ comparison each and a flood for its own nodes costs a decode and a signature che
 never a commit. Each command goes through the ``CommandPipeline``: the gate (addressed
 to a registered runtime, signature, expiry, duplicates), then ``WebhookPoster``, which
 POSTs it as JSON and reads the runtime's answer as the actuation result. A runtime answers
-2xx, optionally with ``{"status": "applied" | "failed" | "rejected", "detail": "..."}``.
+2xx, optionally with ``{"status": "applied" | "failed" | "rejected" | "unsupported",
+"detail": "..."}`` (unsupported: the runtime cannot carry that action out).
 
 The body carries the command twice (``webhook_body``): ``command``, the signed command as
 on the actuation topic (a runtime that verifies signatures checks it), and ``action``, the
@@ -35,7 +36,7 @@ from dsec.actuators.results import DETAIL_MAX_CHARS, Publish, ResultPublisher
 from dsec.infra.consumer_loop import ConsumerLoopConfig
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.runtime_registry import RuntimeRegistry
-from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity, encode
+from dsec.schemas import ActuationCommand, ActuationStatus, Verifier, WorkerIdentity, encode
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ PostJson = Callable[[str, bytes, float], tuple[int, bytes]]  # (url, body, timeo
 SERVICE = "ingest-gateway"
 POLL_TIMEOUT_S = 0.2
 _ANSWERS = {"applied": ActuationStatus.APPLIED, "failed": ActuationStatus.FAILED,
-            "rejected": ActuationStatus.REJECTED}
+            "rejected": ActuationStatus.REJECTED,
+            "unsupported": ActuationStatus.UNSUPPORTED}
 
 
 def post_json(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
@@ -131,7 +133,7 @@ class WebhookForwarder:
         consumer_config: dict,
         actuations_topic: str,
         results_topic: str,
-        signing_key: bytes,
+        verifier: Verifier,
         publish: Publish,
         timeout_s: float,
         post: PostJson = post_json,
@@ -147,7 +149,7 @@ class WebhookForwarder:
         self._registry = registry
         self._poster = WebhookPoster(registry, post, timeout_s)
         self._pipeline = CommandPipeline(
-            CommandGate(None, signing_key, addressed=registered_runtime(registry, default_job_id),
+            CommandGate(None, verifier, addressed=registered_runtime(registry, default_job_id),
                         max_future_ms=max_future_ms),
             self._poster, ResultPublisher(results_topic, publish, service=SERVICE,
                                           metrics=metrics))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -73,8 +74,56 @@ def reaction(
     _print(result, as_json, "dsec bench reaction")
 
 
+@bench_app.command("fuzz")
+def fuzz(
+    seconds: Annotated[float, typer.Option(min=1.0, help="Seconds per target.")] = 60.0,
+    target: Annotated[list[str] | None, typer.Option(
+        help="packed-columns or policy (default: both).")] = None,
+    engine: Annotated[str, typer.Option(
+        help="auto (atheris when installed, else hypothesis), atheris or hypothesis.")] = "auto",
+    artifacts: Annotated[Path | None, typer.Option(
+        help="Where atheris writes the inputs it found (default: a temporary folder).")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The packed-column and policy decoders under a fuzzer for a fixed time each; exits 1
+    when an input broke the rule (a crash, a hang, a disagreement, a refusal naming
+    nothing)."""
+    from dsec.bench.fuzz import TARGETS, FuzzOptions, run_fuzz
+
+    try:
+        options = FuzzOptions(seconds_per_target=seconds, targets=tuple(target or TARGETS),
+                              engine=engine, artifacts_dir=artifacts)  # type: ignore[arg-type]
+        result = run_fuzz(options, say=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for name, run in result["targets"].items():
+            typer.echo(f"{name}: {run['inputs']} inputs in {run['seconds']} s with "
+                       f"{result['engine']}, {len(run['findings'])} findings")
+            for finding in run["findings"]:
+                typer.echo(f"  {finding['problem']}\n    input: {finding['input']}")
+    if any(run["findings"] for run in result["targets"].values()):
+        raise typer.Exit(1)
+
+
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
+
+
+@bench_app.command("signing")
+def signing(
+    commands: Annotated[int, typer.Option(min=100)] = 5_000,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Ed25519 sign and verify per command (key file, trust list file), against hmac-dev."""
+    from dsec.bench.signing import signing_costs
+
+    _print(signing_costs(commands), as_json, "dsec bench signing")
+
+
 bench_app.command("probe-overhead")(probe_overhead)
 bench_app.command("native")(native_command)
 bench_app.command("compression")(compression)

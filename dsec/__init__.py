@@ -37,8 +37,9 @@ _NAMES: dict[str, str] = {
         for name in (
             "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
             "enable_snapshots", "init", "note_accumulation", "note_grad_norm", "on_action",
-            "report_episode_end", "report_step", "restore", "sb3_callback", "shutdown",
-            "trainer_callback", "training_step", "watch_ddp", "wrap_env",
+            "report_episode_end", "report_resume", "report_step", "restore", "sb3_callback",
+            "shutdown", "trainer_callback",
+            "training_step", "watch_ddp", "wrap_env",
         )
     },
 }

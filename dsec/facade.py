@@ -16,8 +16,9 @@ step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import SecretStr
 
@@ -49,6 +50,7 @@ __all__ = [
     "note_grad_norm",
     "on_action",
     "report_episode_end",
+    "report_resume",
     "report_step",
     "restore",
     "sb3_callback",
@@ -98,6 +100,8 @@ def init(
     *,
     job_id: str | None = None,
     node_id: str | None = None,
+    pool: str | None = None,
+    labels: dict[str, str] | None = None,
     optimizer: Any = None,
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
@@ -106,6 +110,9 @@ def init(
     endpoint_token: str | None = None,
 ) -> WorkerRuntime:
     """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
+
+    ``pool``: the resource pool the worker runs in (``DSEC_POOL``); ``labels``: what policy
+    selectors may match it by (``DSEC_LABELS``). Both travel in its identity.
 
     ``endpoint="http://dsec-control-plane:8080"`` (or ``DSEC_ENDPOINT``): a worker that
     cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
@@ -121,7 +128,8 @@ def init(
         return _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    given = {"bootstrap": bootstrap, "job_id": job_id, "endpoint": endpoint,
+    given = {"bootstrap": bootstrap, "job_id": job_id, "pool": pool, "labels": labels,
+             "endpoint": endpoint,
              "endpoint_token": SecretStr(endpoint_token) if endpoint_token else None}
     overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
@@ -131,6 +139,8 @@ def init(
         job_id=resolved.job_id,
         worker_id=worker_id or default_worker_id(),
         node_id=node_id or resolved.node_id or socket.gethostname(),
+        pool=resolved.pool,
+        labels=resolved.labels or None,
     )
     runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
     if optimizer is not None:
@@ -155,10 +165,13 @@ def report_episode_end(
     terminated: bool = True,
     truncated: bool = False,
     termination_reason: str | None = None,
+    on_training_thread: bool = True,
 ) -> None:
+    """An episode ended; on the training thread this is a step boundary too (commands are
+    applied here). ``on_training_thread=False`` from an asynchronous sampling thread."""
     current().probe.record_episode(
         reward, length, terminated=terminated, truncated=truncated,
-        termination_reason=termination_reason,
+        termination_reason=termination_reason, on_training_thread=on_training_thread,
     )
 
 
@@ -223,7 +236,9 @@ def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = 
 
 
 def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
-    """Times DDP's gradient-bucket all-reduces through a communication hook."""
+    """Times DDP's gradient-bucket all-reduces through a communication hook, the one by
+    which the actuator's gradient compression and sync priority act (unless ``inner``,
+    a hook of your own, takes its place)."""
     current().watch_ddp(ddp_model, state=state, inner=inner)
 
 
@@ -231,9 +246,15 @@ def trainer_callback() -> Any:
     """A transformers/TRL ``TrainerCallback`` reporting to this worker; snapshot commands go
     through the trainer's save path (``trainer.add_callback(dsec.trainer_callback())``)."""
     from dsec.ingest.integrations.hf_trainer import DsecTrainerCallback
+    from dsec.zerotouch.frameworks import trainer_hooks
 
     runtime = current()
-    return DsecTrainerCallback(probe=runtime.probe, on_action=runtime.on_action)
+
+    def register_hooks(callback: DsecTrainerCallback) -> None:
+        for kind, hook in trainer_hooks(callback).items():
+            runtime.on_action(kind, hook)
+
+    return DsecTrainerCallback(probe=runtime.probe, register_hooks=register_hooks)
 
 
 def sb3_callback(reason_key: str = "termination_reason") -> Any:
@@ -265,10 +286,11 @@ def controls() -> WorkerControls:
     return current().controls
 
 
-def autocast() -> Any:
+def autocast(dtype: str | None = None) -> Any:
     """``with dsec.autocast():`` around the forward pass; the actuator switches its dtype
-    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps."""
-    return current().controls.precision()
+    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps.
+    ``dtype``: this loop's own precision (default fp32), which an undo returns to."""
+    return current().controls.precision(dtype)
 
 
 def enable_snapshots(
@@ -290,13 +312,27 @@ def enable_snapshots(
 
 def restore(
     location: str | None = None, model: Any = None, optimizer: Any = None,
-    *, restore_rng: bool = True,
+    *, restore_rng: bool = True, report: bool = True,
 ) -> RestoredState:
     """Rebuilds state from the newest verified snapshot in ``location`` (default: this
-    worker's snapshot directory) into ``model`` and ``optimizer``."""
+    worker's snapshot directory) into ``model`` and ``optimizer``. After ``dsec.init``,
+    the resume is reported (``report_resume("snapshot", ...)`` with the time it took)
+    unless ``report`` is False, for a loop that reports its resume itself."""
     if location is None:
         location = current().settings.snapshot_location()
-    return _restore(location, model, optimizer, restore_rng=restore_rng)
+    started_s = time.monotonic()
+    state = _restore(location, model, optimizer, restore_rng=restore_rng)
+    if report and _runtime is not None:
+        _runtime.report_resume("snapshot", time.monotonic() - started_s, state.global_step)
+    return state
+
+
+def report_resume(source: Literal["snapshot", "checkpoint", "scratch"], recovery_time_s: float,
+                  step: int | None = None) -> None:
+    """This worker resumed after an interruption: from a dsec snapshot, a checkpoint of
+    its own, or from scratch, taking ``recovery_time_s`` (``dsec.restore`` reports its
+    own)."""
+    current().report_resume(source, recovery_time_s, step)
 
 
 def shutdown() -> ProbeCounters | None:

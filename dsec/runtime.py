@@ -18,6 +18,7 @@ from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import verifier_for
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
@@ -168,7 +169,7 @@ class WorkerRuntime:
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,
                 hooks=self.hooks,
-                signing_key=settings.signing_key_bytes(),
+                verifier=verifier_for(settings),
                 publish=self.probe.publish,
                 on_command=self.probe.wake,
                 max_future_ms=settings.command_max_future_ms(),
@@ -200,6 +201,8 @@ class WorkerRuntime:
         now_s = time.monotonic()
         if not over_bytes or now_s - self._memory_warned_s < MEMORY_WARNING_INTERVAL_S:
             return
+        if ActionKind.MEMORY_CAP in self.hooks.pending():
+            return  # this check puts the budget in force: the next one reports against it
         self._memory_warned_s = now_s
         detail = (f"soft memory budget exceeded: {over_bytes} bytes over {cap.limit_bytes} "
                   f"({cap.violations} violations)")
@@ -232,6 +235,16 @@ class WorkerRuntime:
         self.controls.snapshot.attach(snapshotter, extra_state)
         return snapshotter
 
+    def report_resume(self, source: str, recovery_time_s: float, step: int | None = None) -> None:
+        """The worker resumed after an interruption, from ``source`` (``snapshot``,
+        ``checkpoint`` or ``scratch``), which took ``recovery_time_s``: a recovery sample,
+        from which the fleet's snapshot recovery time is computed."""
+        self.probe.record_fields("recovery", {
+            "recovery_time_s": min(max(float(recovery_time_s), 0.0), 86400.0),
+            "source": source,
+            "step": self.probe.global_step if step is None else max(int(step), 0),
+        })
+
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)
 
@@ -247,8 +260,11 @@ class WorkerRuntime:
         return 0
 
     def watch_ddp(self, ddp_model: Any, state: Any = None, inner: CommHook | None = None) -> None:
-        """Times every gradient bucket DDP all-reduces (``inner``: a hook of your own)."""
-        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, inner))
+        """Times every gradient bucket DDP all-reduces, through the controls' hook (gradient
+        compression, weighted by the sync priority) or ``inner``, a hook of your own (the
+        actuator's compression and sync priority then have nothing to act through)."""
+        hook = inner if inner is not None else self.controls.comm_hook()
+        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, hook))
 
     def shutdown(self) -> ProbeCounters:
         if self._undo_all_reduce is not None:

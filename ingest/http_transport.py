@@ -165,7 +165,7 @@ def endpoint_transport(endpoint: str, token: str, identity: WorkerIdentity, metr
     registration = RuntimeRegistration(
         runtime_id=identity.worker_id, runtime_type=RUNTIME_TYPE, concurrency=1,
         mean_call_latency_ms=0.0, function_calling=False, job_id=identity.job_id,
-        node_id=identity.node_id,
+        node_id=identity.node_id, pool=identity.pool, labels=identity.labels,
     )
     client = GatewayClient(endpoint, token, registration, config.endpoint_request_timeout_s)
     return HttpTransport(client, metrics_topic, HttpTransportConfig(

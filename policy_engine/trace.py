@@ -10,8 +10,10 @@ from pathlib import Path
 
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
-from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, decode, sign
+from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode
+from dsec.schemas.signing import HmacSigner, HmacVerifier
 
 
 @dataclass
@@ -33,18 +35,27 @@ def read_trace(path: Path) -> Iterator[FeatureEvent]:
 
 
 def replay(
-    policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1
+    policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1,
+    pools: Iterable[PoolSpec] = (),
 ) -> Replay:
     """Event-time order, ``batch_size`` events per evaluation; a meta-policy's new
-    versions take effect at once, as they would once back from the policies topic."""
-    key = secrets.token_bytes(32)  # offline: the policies are trusted as given
-    registry = PolicyRegistry(key)
+    versions take effect at once, as they would once back from the policies and pools
+    topics."""
+    # Offline: the policies and pools are trusted as given, signed with a key of the
+    # moment's, and what the engine signs goes nowhere.
+    signer = HmacSigner(secrets.token_bytes(32))
+    registry = PolicyRegistry(HmacVerifier(signer.key))
     for policy in policies:
-        decision = registry.install(sign(policy, key))
+        decision = registry.install(signer.sign(policy))
         if decision is not None and decision.decision == "policy_rejected":
             raise PolicyRejected(f"{policy.name}: {decision.detail}")
+    known = PoolRegistry(registry.verifier)
+    for pool in pools:
+        decision = known.install(signer.sign(pool))
+        if decision is not None and decision.decision == "pool_rejected":
+            raise PolicyRejected(f"pool {pool.name}: {decision.detail}")
     result = Replay()
-    engine = Engine(registry, result.states, {}, key)
+    engine = Engine(registry, result.states, {}, signer, known)
     ordered = sorted(events, key=lambda e: e.event_time_ms)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start:start + batch_size]
@@ -55,4 +66,5 @@ def replay(
         result.output.commands += step.commands
         result.output.decisions += step.decisions
         result.output.policies += step.policies
+        result.output.pools += step.pools
     return result

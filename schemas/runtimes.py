@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AnyHttpUrl, Field, ValidationInfo, field_validator
 
-from dsec.schemas.base import Identifier, Model, WorkerIdentity
+from dsec.schemas.base import Identifier, LabelKey, LabelValue, Model, WorkerIdentity
 from dsec.schemas.metrics import MetricColumns, MetricSample
 
 
@@ -24,11 +24,13 @@ class RuntimeRegistration(Model):
     webhook_url: AnyHttpUrl | None = None
     job_id: Identifier | None = None  # default: the gateway's job
     node_id: Identifier = "external"
+    pool: Identifier | None = None  # the resource pool it runs in
+    labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=16)] | None = None
 
     def identity(self, default_job_id: str) -> WorkerIdentity:
         """Who the runtime is in events and commands; ``default_job_id``: the gateway's."""
         return WorkerIdentity(job_id=self.job_id or default_job_id, worker_id=self.runtime_id,
-                              node_id=self.node_id)
+                              node_id=self.node_id, pool=self.pool, labels=self.labels)
 
 
 class RuntimeMetricsPost(Model):

@@ -34,10 +34,17 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("gpu_profiles", "gpu-profiles.v1", 6, -1, compacted=True,
                   key="gpu_uuid/worker_id"),
         TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
+        TopicSpec("pools", "pools.v1", 1, -1, compacted=True, key="pool name"),
         TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
         TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
         TopicSpec("decisions", "policy-decisions.v1", 3, 7 * DAY_MS, key="policy name"),
         TopicSpec("dead_letters", "dead-letters.v1", 1, 7 * DAY_MS, key="source topic"),
+        # The fleet job's input: each worker's contribution, re-keyed by its job and pool
+        # so that one pool's workers meet in one partition.
+        TopicSpec("fleet_inputs", "fleet-inputs.v1", 6, DAY_MS, key="job_id/pool"),
+        TopicSpec("alerts", "alerts.v1", 3, -1, compacted=True, key="alert fingerprint"),
+        TopicSpec("gpu_health", "gpu-health.v1", 3, -1, compacted=True, key="gpu_uuid"),
+        TopicSpec("process_usage", "process-usage.v1", 1, 7 * DAY_MS, key="service/host"),
     )
 }
 
@@ -48,10 +55,15 @@ class TopicNames:
     features: str
     gpu_profiles: str
     policies: str
+    pools: str
     actuations: str
     actuation_results: str
     decisions: str
     dead_letters: str
+    fleet_inputs: str
+    alerts: str
+    gpu_health: str
+    process_usage: str
 
 
 def topic_names(prefix: str = "dsec") -> TopicNames:

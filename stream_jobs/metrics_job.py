@@ -87,6 +87,18 @@ class LivenessResult:
     lost_workers: int = 0
 
 
+def target_tags(identity: WorkerIdentity, state: WorkerState | None) -> dict[str, str]:
+    """What policy selectors match on: the worker's labels, its pool and its GPU's model
+    (of the GPU it reported last)."""
+    tags = dict(identity.labels or {})
+    if identity.pool:
+        tags["pool"] = identity.pool
+    latest = state.latest_gpu() if state is not None else None
+    if latest is not None and latest[1]:
+        tags["gpu_model"] = latest[1][:128]
+    return tags
+
+
 class MetricsJob:
     def __init__(
         self,
@@ -142,7 +154,8 @@ class MetricsJob:
             result.lost_workers += 1
             assert state.identity is not None  # a state with a heartbeat has its identity
             event_id = derived_event_id("lost", worker, state.heartbeat.last_seen_ms)
-            result.outputs.append(self.feature_output(state.identity, lost, event_id))
+            result.outputs.append(self.feature_output(state.identity, lost, event_id,
+                                                      state=state))
             result.states[worker] = new_state
             self.counters.features_out += 1
             log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
@@ -157,10 +170,14 @@ class MetricsJob:
         return end is not None and self.processed_through.get(partition, -1) >= end - 1
 
     def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
-                       event_id: str, tags: dict[str, str] | None = None) -> Output:
+                       event_id: str, tags: dict[str, str] | None = None,
+                       state: WorkerState | None = None) -> Output:
+        """``state``: the worker's, for the UUID and model of its GPU."""
+        latest = state.latest_gpu() if state is not None else None
         event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
-                             identity=identity, window="rolling", features=values,
-                             tags=tags or {})
+                             identity=identity, gpu_uuid=latest[0] if latest else None,
+                             window="rolling", features=values,
+                             tags={**target_tags(identity, state), **(tags or {})})
         return Output(self.topics.features, identity.worker_id.encode(), event)
 
     def dead_letter_output(self, record: Record, reason: str) -> Output:
@@ -188,6 +205,9 @@ class MetricsBatch:
             decoded = decode_metric_batch(record.value, job.event_times, self._batch_ms)
         except DecodeError as exc:
             return self._dead_letter(record, exc.reason)
+        except Exception as exc:  # a decoder's own failure refuses the message, not the job
+            return self._dead_letter(
+                record, f"invalid MetricBatch: undecodable: {type(exc).__name__}: {exc}")
         batch, frames = decoded.header, decoded.frames
         worker = batch.identity.worker_id
         job.counters.samples_in += decoded.sample_count()
@@ -211,7 +231,8 @@ class MetricsBatch:
             return None
         # One feature event per input message, with an id derived from it.
         event_id = derived_event_id("features", worker, record.partition, record.offset)
-        output = job.feature_output(batch.identity, update.features, event_id, update.tags)
+        output = job.feature_output(batch.identity, update.features, event_id, update.tags,
+                                    update.state)
         result.per_record.append(output)
         result.derived.setdefault(worker, []).append(update.features)
         job.counters.features_out += 1

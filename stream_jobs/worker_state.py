@@ -16,8 +16,8 @@ import orjson
 from dsec.schemas import WorkerIdentity
 
 __all__ = [
-    "EpisodeWindow", "GpuState", "Heartbeat", "RegimeGrowthTotals", "StepWindow", "SyncWindow",
-    "WorkerState", "WorkerStateTable",
+    "EpisodeWindow", "GpuState", "Heartbeat", "Recoveries", "RegimeGrowthTotals", "StepWindow",
+    "SyncWindow", "WorkerState", "WorkerStateTable",
 ]
 
 # The layout of the table's bytes; entries without it are the plain dicts of before.
@@ -46,6 +46,10 @@ class StepWindow:
     grad_norms: list[float] = field(default_factory=list)
     grad_nonfinite_flags: list[int] = field(default_factory=list)
     loss_nonfinite_flags: list[int] = field(default_factory=list)
+    # Time covered by step timing since first seen (each step sample's mean step time
+    # times the steps since the sample before), and the last sampled step.
+    step_time_s_total: float = 0.0
+    last_sampled_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,18 @@ class SyncWindow:
     sizes_bytes: list[int] = field(default_factory=list)
     ok_flags: list[int] = field(default_factory=list)
     times_ms: list[int] = field(default_factory=list)
+    syncs_total: int = 0
+    syncs_failed_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recoveries:
+    """The worker's resumes since first seen: all of them, and those from a snapshot with
+    the time they took in all."""
+
+    total: int = 0
+    from_snapshot: int = 0
+    from_snapshot_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +130,14 @@ class WorkerState:
     gpus: dict[str, GpuState] = field(default_factory=dict)
     bandwidth_jitter: float = 0.0
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    recoveries: Recoveries = field(default_factory=Recoveries)
+
+    def latest_gpu(self) -> tuple[str, str] | None:
+        """(UUID, model) of the GPU sampled last, if any."""
+        if not self.gpus:
+            return None
+        uuid, gpu = max(self.gpus.items(), key=lambda item: item[1].last_time_ms)
+        return uuid, gpu.model
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +152,7 @@ class WorkerState:
             "gpus": {uuid: gpu.to_json() for uuid, gpu in self.gpus.items()},
             "bandwidth_jitter": self.bandwidth_jitter,
             "heartbeat": _fields(self.heartbeat),
+            "recoveries": _fields(self.recoveries),
         }
 
     @classmethod
@@ -146,6 +171,7 @@ class WorkerState:
             gpus={uuid: GpuState.from_json(gpu) for uuid, gpu in data["gpus"].items()},
             bandwidth_jitter=data["bandwidth_jitter"],
             heartbeat=Heartbeat(**data["heartbeat"]),
+            recoveries=Recoveries(**data.get("recoveries", {})),
         )
 
     def to_bytes(self) -> bytes:

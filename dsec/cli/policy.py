@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.cli.policy_rollout import add_rollout_commands
 from dsec.schemas.settings import DsecSettings
 
 policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
@@ -57,15 +58,29 @@ def publish(
     file: Path,
     bump: Annotated[bool, typer.Option(help="Publish as the next version after the "
                                              "one on the topic.")] = False,
+    canary_pool: Annotated[str | None, typer.Option(
+        help="Run this version in this pool alone (a canary): `dsec policy promote` "
+             "makes it the fleet's, `dsec policy rollback` removes it.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Audit its decisions, command nothing (with --canary-pool: "
+                          "beside the version that acts in the pool).")] = False,
 ) -> None:
-    """Validate FILE, sign it with the configured key and publish it, keyed by its name."""
+    """Validate FILE, sign it with the policy-publisher key and publish it, keyed by its
+    name (by name@POOL for a canary)."""
+    from dsec.infra.keys import signer_for, verifier_for
     from dsec.policy_engine.policy_log import publish_policy, read_policy_log, topic_version
-    from dsec.schemas import sign
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
     spec = _load(file, settings)
-    key = settings.signing_key_bytes()
-    running = topic_version(read_policy_log(settings)[0], spec.name, key)
+    if canary_pool is not None or dry_run:
+        spec = _load_as(spec, canary_pool, dry_run)
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    running = topic_version(read_policy_log(settings)[0], spec.name, verifier_for(settings))
+    if canary_pool is not None:
+        from dsec.cli.policy_rollout import rollouts
+
+        running = rollouts(settings).registry.latest_version(spec.name) or None
     if running is not None:
         if bump:
             spec = spec.model_copy(update={"version": max(spec.version, running + 1)})
@@ -73,28 +88,49 @@ def publish(
             err_console.print(f"[red]{spec.name} v{running} is on the topic; publish a higher "
                               "version (or --bump)[/red]")
             raise typer.Exit(1)
-    publish_policy(settings, sign(spec, key))
-    console.print(f"published {spec.name} v{spec.version}")
+    publish_policy(settings, signer.sign(spec))
+    where = f" as a canary in pool {canary_pool}" if canary_pool else ""
+    console.print(f"published {spec.name} v{spec.version}{where}"
+                  f"{' in dry run' if spec.dry_run else ''}")
+
+
+def _load_as(spec, pool: str | None, dry_run: bool):
+    """``spec`` as a canary of ``pool`` and/or in dry run, checked again as a whole."""
+    from pydantic import ValidationError
+
+    from dsec.schemas import PolicySpec
+    from dsec.schemas.codec import describe
+
+    body = spec.model_dump(mode="json", exclude_none=True)
+    try:
+        return PolicySpec.model_validate({**body, "pool": pool or body.get("pool"),
+                                          "dry_run": dry_run or spec.dry_run})
+    except ValidationError as exc:
+        err_console.print(f"[red]rejected: {describe(exc)}[/red]")
+        raise typer.Exit(2) from None
 
 
 @policy_app.command("delete")
 def delete(name: str) -> None:
     """Delete policy NAME (built-in or published): a signed deletion of every version up
     to the latest, keyed by NAME on the compacted policies topic."""
+    from dsec.infra.keys import signer_for, verifier_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.policy_log import delete_policy, read_policy_log, topic_version
-    from dsec.schemas import PolicyDeletion, sign
+    from dsec.schemas import PolicyDeletion
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
-    key = settings.signing_key_bytes()
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
     versions = [p.version for p in load_builtin_policies() if p.name == name]
-    published = topic_version(read_policy_log(settings)[0], name, key)
+    published = topic_version(read_policy_log(settings)[0], name, verifier_for(settings))
     if published is not None:
         versions.append(published)
     if not versions:
         err_console.print(f"[red]no policy {name} on the topic or in the built-in pack[/red]")
         raise typer.Exit(1)
-    delete_policy(settings, sign(PolicyDeletion(deletes=name, up_to_version=max(versions)), key))
+    delete_policy(settings, signer.sign(PolicyDeletion(deletes=name,
+                                                       up_to_version=max(versions))))
     console.print(f"deleted {name} up to v{max(versions)}")
 
 
@@ -103,18 +139,18 @@ def list_policies(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The policies the engine would run: the built-in pack and the policies topic."""
+    from dsec.infra.keys import verifier_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.limits import PolicyLimits
     from dsec.policy_engine.policy_log import read_policy_log
     from dsec.policy_engine.registry import PolicyRegistry
 
     settings = DsecSettings()
-    key = settings.signing_key_bytes()
-    registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
-    builtin = {p.name for p in load_builtin_policies()}
-    for policy in load_builtin_policies(key, settings.policy_params,
+    registry = PolicyRegistry(verifier_for(settings), PolicyLimits.from_settings(settings))
+    builtin = {(p.name, p.version) for p in load_builtin_policies()}
+    for policy in load_builtin_policies(settings.policy_params,
                                         dry_run=settings.policy_dry_run):
-        registry.install(policy)
+        registry.install_trusted(policy)
     rejected = {}
     for record in read_policy_log(settings)[0]:
         decision = registry.offer(record.key, record.value)
@@ -123,7 +159,7 @@ def list_policies(
     rows = [{
         "name": c.spec.name, "version": c.spec.version,
         "versions": registry.versions(c.spec.name),
-        "source": "built-in" if c.spec.name in builtin and c.spec.version == 1 else "topic",
+        "source": "built-in" if (c.spec.name, c.spec.version) in builtin else "topic",
         "priority": c.spec.priority, "dry_run": c.spec.dry_run,
         "vectorised": c.enter.vectorised, "description": c.spec.description,
     } for c in registry.active()]
@@ -190,3 +226,6 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = DsecSettings(**({"bootstrap": bootstrap} if bootstrap else {}))
     run_policy_engine(settings)
+
+
+add_rollout_commands(policy_app)

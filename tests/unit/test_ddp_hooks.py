@@ -147,3 +147,69 @@ def test_a_gradient_that_overflowed_reaches_the_average_and_is_not_carried(gloo_
     step = gradient.abs().max().item() / 127
     assert bool(torch.isfinite(after).all())
     assert (after - gradient).abs().max().item() <= step + 1e-6
+
+
+def _weighted_rank_worker(rank: int, store_path: str, levels: list[int]) -> None:
+    """One rank of a three-rank DDP group whose hook is the controls' (compression weighed
+    by sync priority); its level arrives as a command, applied at a step boundary."""
+    from dsec.actuators import ApplyHooks
+    from dsec.actuators.worker_controls import WorkerControls
+    from dsec.schemas import ActuationStatus
+    from dsec.schemas.actuations import SyncPriorityParams
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=len(levels))
+    try:
+        torch.manual_seed(0)  # the same weights on every rank, as DDP requires
+        model = DistributedDataParallel(torch.nn.Linear(16, 8))
+        controls, hooks = WorkerControls(), ApplyHooks()
+        controls.register(hooks)
+        model.register_comm_hook(None, controls.comm_hook())
+
+        def local_gradient(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """(what DDP averaged, this rank's own gradient) for this rank's batch."""
+            torch.manual_seed(seed + rank)
+            x = torch.randn(4, 16)
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+            got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            reference = torch.nn.Linear(16, 8)
+            reference.load_state_dict(model.module.state_dict())
+            reference(x).pow(2).mean().backward()
+            return got, torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+
+        def gathered(local: torch.Tensor) -> list[torch.Tensor]:
+            parts = [torch.empty_like(local) for _ in levels]
+            dist.all_gather(parts, local)
+            return parts
+
+        got, local = local_gradient(100)
+        plain = gathered(local)
+        assert torch.allclose(got, sum(plain) / len(levels), atol=1e-6)  # level 0: the mean
+
+        assert hooks.apply(SyncPriorityParams(level=levels[rank]), f"cmd-{rank}") is None
+        assert hooks.settle() == []  # no bucket has used the new level yet: not applied
+        got, local = local_gradient(200)
+        parts = gathered(local)
+        weights = [2.0 ** level for level in levels]
+        weighted = sum(w * g for w, g in zip(weights, parts, strict=True)) / sum(weights)
+        mean = sum(parts) / len(levels)
+        assert torch.allclose(got, weighted, atol=1e-6)
+        assert not torch.allclose(got, mean, atol=1e-4)  # the outcome changed as defined
+        [settled] = hooks.settle()
+        assert settled.effect.status is ActuationStatus.APPLIED
+        assert settled.effect.in_force == str(levels[rank])  # the level the hook used
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_sync_priority_weighs_a_ranks_gradient_in_a_real_gloo_group(tmp_path) -> None:
+    """Three ranks; rank 2 is dropped to level -2 (weight 1/4), rank 1 raised to 1
+    (weight 2): every rank ends with sum(w_i g_i) / sum(w_i), and each result says
+    applied only after its hook weighed a bucket with the new level."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_weighted_rank_worker, args=(str(tmp_path / "store"), [0, 1, -2]), nprocs=3,
+             join=True)

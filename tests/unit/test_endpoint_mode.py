@@ -33,8 +33,7 @@ def _no_probe_left_running() -> Iterator[None]:
 
 @pytest.fixture
 def settings(tmp_path) -> DsecSettings:
-    return DsecSettings(job_id="job-e", data_dir=tmp_path / "dsec", signing_key="k",
-                        run_dir=tmp_path / "run")
+    return DsecSettings(job_id="job-e", data_dir=tmp_path / "dsec", run_dir=tmp_path / "run")
 
 
 def _fast(**overrides) -> ProbeConfig:
@@ -164,3 +163,16 @@ def test_endpoint_mode_needs_a_token_and_a_url(settings) -> None:
     with pytest.raises(ValueError, match="http"):
         dsec.init(worker_id="w", settings=settings, endpoint="kafka:9092",
                   endpoint_token=TOKEN)
+
+
+def test_a_worker_in_endpoint_mode_keeps_its_pool_and_labels(settings) -> None:
+    publisher = RecordingPublisher()
+    with serving(GatewayConfig(token=TOKEN), publisher, job_id="gateway-job") as gateway:
+        dsec.init(worker_id="rank-4", node_id="node-a", settings=settings, pool="a100-pool",
+                  labels={"rack": "r7"}, probe_config=_fast(), endpoint=gateway.url,
+                  endpoint_token=TOKEN)
+        _train(steps=5, episodes=1)
+        dsec.shutdown()
+    identities = {batch.identity for batch in publisher.batches()}
+    assert {(i.pool, tuple(i.labels.items())) for i in identities} == {
+        ("a100-pool", (("rack", "r7"),))}

@@ -95,10 +95,12 @@ def test_breaker_walks_up_three_stages_and_back_down() -> None:
     assert actions == [
         {"kind": "grad_compression", "bits": 4}, {"kind": "grad_accumulation", "steps": 4},
         {"kind": "sampler", "paused": True}, {"kind": "sampler", "paused": False},
-        {"kind": "grad_accumulation", "steps": 1}, {"kind": "grad_compression", "bits": 8},
+        # undone to the worker's own settings, whatever they were
+        {"kind": "grad_accumulation", "steps": "original"},
+        {"kind": "grad_compression", "bits": "original"},
     ]
     assert len({c.actuation_id for c in result.output.commands}) == 6
-    assert all(c.target.node_id == "node-1" and c.policy_version == 1
+    assert all(c.target.node_id == "node-1" and c.policy_version == 2
                and c.expires_at_ms > c.event_time_ms for c in result.output.commands)
 
 
@@ -137,7 +139,7 @@ def test_meta_policy_publishes_a_tuned_version() -> None:
     result = replay(_pack("meta-breaker-trips"),
                     trace({**HEALTHY, "breaker_trips_per_hour": 5.0}, 10))
     (published,) = result.output.policies
-    assert published.name == "bandwidth-latency-breaker" and published.version == 2
+    assert published.name == "bandwidth-latency-breaker" and published.version == 3
     assert published.params["latency_cap_ms"] == 75 and published.signature
 
 
@@ -202,22 +204,22 @@ def test_a_deferred_claim_takes_effect_when_the_holder_lets_go() -> None:
 
 
 def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
-    low = sign(PolicySpec.model_validate({
+                                       "ttl_s": 30}}))
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
-        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}), key)
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     first = engine.evaluate(trace({**HEALTHY, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace({**HEALTHY, "episode_same_end_streak": 3.0}, 5,
                                    worker="w1", start_ms=1_010_000))
@@ -231,24 +233,24 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
 
 
 def test_a_deferred_claim_takes_effect_when_the_claim_above_lapses() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
+                                       "ttl_s": 30}}))
     # held while its condition holds, undone after: it never fires twice on its own
-    low = sign(PolicySpec.model_validate({
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
         "stages": [{"actions": [{"kind": "sync_priority", "level": -1}],
-                    "undo": [{"kind": "sync_priority", "level": 0}]}]}), key)
+                    "undo": [{"kind": "sync_priority", "level": 0}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     stuck = {**HEALTHY, "episode_same_end_streak": 3.0}
     first = engine.evaluate(trace({**stuck, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace(stuck, 20, start_ms=1_005_000))
@@ -269,3 +271,26 @@ def test_a_policy_that_fails_at_run_time_is_reported_once_and_the_others_go_on()
     errors = [d for d in result.output.decisions if d.decision is DecisionKind.EVALUATION_ERROR]
     assert len(errors) == 1 and errors[0].policy_name == "odd"
     assert [c.policy_name for c in result.output.commands] == ["worker-lost"]
+
+
+def test_gpu_alert_names_the_gpu_and_resolves_once_the_condition_clears() -> None:
+    hot = trace({**HEALTHY, "gpu_thermal_throttle_events": 2.0}, 20,
+                tags={"gpu_model": "NVIDIA H100"})
+    cool = trace(HEALTHY, 20, start_ms=1_000_000 + 20_000)
+    result = replay(_pack("gpu-degradation-snapshot"), hot + cool + cool)
+    decisions = [(d.decision, d.alert) for d in result.output.decisions]
+    assert decisions == [(DecisionKind.FIRED, "GPU_GPU-1_degraded"),
+                         (DecisionKind.SUPPRESSED_COOLDOWN, "GPU_GPU-1_degraded"),
+                         (DecisionKind.RESOLVED, "GPU_GPU-1_degraded")]
+    fired = result.output.decisions[0]
+    assert (fired.gpu_uuid, fired.gpu_model) == ("GPU-1", "NVIDIA H100")
+
+
+def test_a_staged_alert_is_resolved_by_coming_down_not_by_a_resolution_of_its_own() -> None:
+    stuck = trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10)
+    calm = trace(HEALTHY, 200, start_ms=1_000_000 + 10_000)
+    result = replay(_pack("stuck-episode"), stuck + calm)
+    kinds = [d.decision for d in result.output.decisions]
+    assert DecisionKind.RESOLVED not in kinds
+    assert kinds[-1] is DecisionKind.STAGED_DOWN
+    assert result.output.decisions[-1].alert == "Agent_w1_episode_stuck_collision_3x"
