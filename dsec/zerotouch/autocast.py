@@ -3,11 +3,12 @@
 ``torch.autocast.__enter__`` is wrapped (``torch.cuda.amp.autocast`` and the CPU one call
 it too): each enabled region says which device and dtype the program asked for, and runs
 under the dtype a precision command set, if any; a region the program disabled (a part
-it keeps in fp32) stays disabled. A program without an autocast region
-cannot change precision without code: the command fails, naming the one line that adds
-it (``with dsec.autocast():`` around the forward pass). fp16 needs loss scaling, which
-only the program can add: a switch to fp16 is refused unless the program's own regions
-ask for fp16 (and so scale their loss already).
+it keeps in fp32) stays disabled. A command is applied once a region has been entered
+under it (read back from the region), so it is reported then. A program without an
+autocast region cannot change precision without code: the command is unsupported, naming
+the one line that adds it (``with dsec.autocast():`` around the forward pass). fp16 needs
+loss scaling, which only the program can add: a switch to fp16 is unsupported unless the
+program's own regions ask for fp16 (and so scale their loss already).
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the schemas load pydantic: not in every process ``dsec run`` starts
+    from dsec.actuators.effects import Effect, Pending
     from dsec.schemas.actuations import PrecisionParams
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-NEEDS_AUTOCAST = ("the program enters no torch.autocast region; precision needs one line: "
-                  "`with dsec.autocast():` around the forward pass")
-NEEDS_SCALING = ("fp16 needs loss scaling the program does not do (its autocast asks for "
-                 "{asked}); add `dsec.autocast()` with `dsec.controls().precision.scaler`")
+AUTOCAST_LINE = "add `with dsec.autocast():` around the forward pass"
+SCALING_LINE = "use `dsec.autocast()` with `dsec.controls().precision.scaler`"
 
 
 class AutocastOverride:
     def __init__(self) -> None:
         self.dtype: str | None = None  # set by a command; None: as the program asks
+        self.in_force: str | None = None  # what the last region entered ran under
         self.regions_entered = 0
         self.asked: dict[str, str] = {}  # device type -> dtype the program's regions ask for
         self._lock = threading.Lock()
@@ -53,25 +54,37 @@ class AutocastOverride:
 
         if not region._enabled:  # a region the program keeps at full precision stays so
             return
-        self.regions_entered += 1
         if region.device not in self.asked:
             self.asked[region.device] = str(region.fast_dtype).removeprefix("torch.")
         dtype = self.dtype
-        if dtype is None:
-            return
         if dtype == "fp32":
             region._enabled = False
-        else:
+        elif dtype is not None:
             region.fast_dtype = getattr(torch, DTYPES[dtype])
+        self.in_force = dtype or "as the program asks"
+        self.regions_entered += 1
 
-    def apply(self, params: PrecisionParams) -> str:
-        """The precision applier of ``dsec run``: in force from the next region entered."""
+    def apply(self, params: PrecisionParams) -> Effect | Pending:
+        """The precision applier of ``dsec run``: applied once a region ran under it."""
+        from dsec.actuators.effects import Effect, Pending
+
         with self._lock:
-            if self.regions_entered == 0:
-                raise RuntimeError(NEEDS_AUTOCAST)
             asked = ", ".join(f"{device} {dtype}" for device, dtype in sorted(self.asked.items()))
+            if self.regions_entered == 0:
+                return Effect.unsupported("precision", "the program enters no torch.autocast "
+                                          "region", AUTOCAST_LINE, requested=params.dtype)
             if params.dtype == "fp16" and "float16" not in self.asked.values():
-                raise RuntimeError(NEEDS_SCALING.format(asked=asked or "nothing"))
-            previous, self.dtype = self.dtype, params.dtype
-        return (f"the program's autocast regions ({asked}) run {params.dtype} from the next "
-                f"forward (was {previous or 'as the program asks'})")
+                return Effect.unsupported(
+                    "precision", f"fp16 needs loss scaling the program does not do (its "
+                    f"autocast asks for {asked})", SCALING_LINE, requested=params.dtype)
+            previous, self.dtype = self.in_force, params.dtype
+            entered_before = self.regions_entered
+
+        def settle() -> Effect | None:
+            if self.regions_entered == entered_before:
+                return None  # no forward since: not in force yet
+            return Effect.applied(f"the program's autocast regions ({asked}) run "
+                                  f"{params.dtype} (were {previous})",
+                                  requested=params.dtype, in_force=self.in_force)
+
+        return Pending(settle)

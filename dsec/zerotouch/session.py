@@ -132,12 +132,16 @@ class ZeroTouch:
 
     def _instrument_trainer(self, trainer_module: ModuleType) -> None:
         from dsec.ingest.integrations.hf_trainer import DsecTrainerCallback
-        from dsec.zerotouch.frameworks import add_to_every_instance
+        from dsec.zerotouch.frameworks import add_to_every_instance, trainer_hooks
+
+        def register_hooks(callback: Any) -> None:
+            for kind, hook in trainer_hooks(callback).items():
+                self.on_action(kind, hook)
 
         def add_callback(trainer: Any) -> None:
             if not any(isinstance(callback, DsecTrainerCallback)
                        for callback in trainer.callback_handler.callbacks):
-                trainer.add_callback(DsecTrainerCallback(on_action=self.on_action))
+                trainer.add_callback(DsecTrainerCallback(register_hooks=register_hooks))
 
         add_to_every_instance(trainer_module.Trainer, add_callback)
 
@@ -147,7 +151,7 @@ class ZeroTouch:
 
         add_to_every_instance(tracking_module.Tracking, attach)
 
-    def on_action(self, kind: str, hook: Callable[[Any], str | None]) -> None:
+    def on_action(self, kind: str, hook: Callable[[Any], Any]) -> None:
         """Registers an apply hook in this worker (an integration's: it replaces the
         zero-touch one for its kind)."""
         runtime = self.runtime()

@@ -9,11 +9,12 @@ Trainer built) reports:
   norm), ``step_time``; and GRPO's ``reward`` / PPO's ``objective/rlhf_reward`` with the
   mean completion length as an episode sample (the logged mean: TRL logs no per-completion
   reward);
-- a snapshot command through the trainer's own save path: it asks the trainer to save
-  (``control.should_save``), which it does at the end of the step the command arrived in,
-  a full checkpoint (model, optimizer, scheduler, RNG) in ``output_dir/checkpoint-N``;
-- a precision command is refused: the trainer's mixed precision is fixed when its
-  accelerator is built (``bf16=``/``fp16=`` in the arguments).
+- the trainer's own save path, for snapshot commands: ``request_save`` asks the trainer
+  to save (``control.should_save``), which it does at the end of the step the command
+  arrived in, a full checkpoint (model, optimizer, scheduler, RNG) in
+  ``output_dir/checkpoint-N``, and ``saved`` lists what it wrote. The apply hooks built on
+  it (the top layer's ``dsec.zerotouch.frameworks.trainer_hooks``) are registered at
+  ``on_train_begin`` through ``register_hooks``.
 
 Commands are applied at optimizer-step boundaries, as in any watched loop.
 """
@@ -40,10 +41,6 @@ TRAINER_KEYS = LoggedKeys(
     reward=("reward", "objective/rlhf_reward", "objective/scores"),
     length=("completions/mean_length",),
 )
-PRECISION_FIXED = ("unsupported: a Trainer's mixed precision is fixed when its accelerator "
-                   "is built (bf16=/fp16= in its arguments); restart with the dtype wanted")
-
-OnAction = Callable[[str, Callable[[Any], str | None]], None]
 
 
 def _current_probe() -> Any:
@@ -53,12 +50,13 @@ def _current_probe() -> Any:
 
 
 class DsecTrainerCallback(TrainerCallback):
-    def __init__(self, probe: Any = None, on_action: OnAction | None = None,
+    def __init__(self, probe: Any = None,
+                 register_hooks: Callable[[DsecTrainerCallback], None] | None = None,
                  watch_optimizer: bool = True) -> None:
-        """``on_action`` registers an apply hook in this worker (``dsec.on_action``'s
-        registration): with it, snapshot commands go through the trainer's save path."""
+        """``register_hooks(callback)`` registers this worker's apply hooks that act through
+        the trainer (snapshots through its save path), when training begins."""
         self._probe = probe
-        self._on_action = on_action
+        self._register_hooks = register_hooks
         self._watch_optimizer = watch_optimizer
         self._watched_here = False
         self._control: Any = None
@@ -84,9 +82,8 @@ class DsecTrainerCallback(TrainerCallback):
         if self._watch_optimizer and inner is not None and not probe.watching:
             probe.watch(inner)
             self._watched_here = True
-        if self._on_action is not None:
-            self._on_action("snapshot", self._request_save)
-            self._on_action("precision", self._refuse_precision)
+        if self._register_hooks is not None:
+            self._register_hooks(self)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._control = control
@@ -114,14 +111,10 @@ class DsecTrainerCallback(TrainerCallback):
             self.probe.unwatch()
             self._watched_here = False
 
-    def _request_save(self, _params: Any) -> str:
+    def request_save(self) -> str:
+        """Asks the trainer to save at the end of this step; the checkpoint's path."""
         if self._control is None:
             raise RuntimeError("the Trainer is not training: nothing to save")
         self._control.should_save = True
         self.save_requested_at = self._state.global_step
-        return (f"checkpoint through the Trainer's save path at the end of step "
-                f"{self._state.global_step + 1}, in {self._args.output_dir}")
-
-    @staticmethod
-    def _refuse_precision(_params: Any) -> str:
-        raise RuntimeError(PRECISION_FIXED)
+        return os.path.join(self._args.output_dir, f"checkpoint-{self._state.global_step + 1}")

@@ -70,13 +70,16 @@ def test_a_trl_grpo_trainer_publishes_steps_rewards_and_saves_on_a_snapshot(
     outcomes = {}
 
     class CommandsMidRun(TrainerCallback):
-        """Applies what a snapshot and a precision command would, at step 2's boundary."""
+        """Applies a snapshot and a precision command as the actuator would, at step 2's
+        boundary, and settles the snapshot at step 3's."""
 
         def on_step_begin(self, args, state, control, **kwargs) -> None:
+            hooks = dsec.current().hooks
             if state.global_step == 1:
-                hooks = dsec.current().hooks
                 outcomes["snapshot"] = hooks.try_apply(SnapshotParams(), "snap-1")
                 outcomes["precision"] = hooks.try_apply(PrecisionParams(dtype="bf16"), "p-1")
+            elif state.global_step == 2:
+                outcomes["settled"] = hooks.settle()
 
     def train(_runtime) -> None:
         torch.manual_seed(0)
@@ -108,11 +111,15 @@ def test_a_trl_grpo_trainer_publishes_steps_rewards_and_saves_on_a_snapshot(
     episodes = [s for s in samples if s.kind == "episode"]
     assert len(episodes) == 3 and all(e.reward > 0 and e.length > 0 for e in episodes)
     assert kinds["heartbeat"] >= 1
-    status, detail = outcomes["snapshot"]
-    assert status == "applied" and "save path at the end of step 2" in detail
-    assert outcomes["saved"] == [str(tmp_path / "grpo" / "checkpoint-2")]
+    checkpoint = str(tmp_path / "grpo" / "checkpoint-2")
+    assert outcomes["snapshot"] is None  # pending: applied once the trainer has saved
+    [settled] = outcomes["settled"]
+    assert (settled.actuation_id, settled.effect.status) == ("snap-1", "applied")
+    assert settled.effect.detail == f"checkpoint through the Trainer's save path: {checkpoint}"
+    assert outcomes["saved"] == [checkpoint]
     assert (tmp_path / "grpo" / "checkpoint-2" / "optimizer.pt").exists()
-    assert outcomes["precision"][0] == "failed" and "unsupported" in outcomes["precision"][1]
+    assert outcomes["precision"].status == "unsupported"
+    assert "accelerator" in outcomes["precision"].detail
 
 
 def test_an_rllib_ppo_run_publishes_its_episodes_and_iterations(settings) -> None:
@@ -173,7 +180,7 @@ def test_dsec_run_adds_the_verl_backend_to_every_tracking(settings, tmp_path) ->
             "t.log({'actor/pg_loss': 0.5, 'critic/score/mean': 1.0}, step=1)")
     env = {**os.environ, "DSEC_BOOTSTRAP": settings.bootstrap,
            "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_DATA_DIR": str(tmp_path),
-           "DSEC_SIGNING_KEY": "k", "DSEC_ACTUATOR_CHANNEL": "kafka"}
+           "DSEC_ACTUATOR_CHANNEL": "kafka"}
     worker = f"verl-run-{uuid.uuid4().hex[:6]}"
     out = subprocess.run([sys.executable, "-m", "dsec.cli", "run", "--worker-id", worker, "--",
                           sys.executable, "-c", code], env=env, capture_output=True,

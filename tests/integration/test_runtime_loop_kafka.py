@@ -17,8 +17,9 @@ from webhook_server import RecordingWebhook
 
 from dsec.actuators.webhooks import webhook_command
 from dsec.history import query
+from dsec.infra.keys import verifier_for
 from dsec.ingest.gateway_config import GatewayConfig
-from dsec.schemas import now_ms, verify
+from dsec.schemas import now_ms
 from dsec.services.gateway import build_gateway
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ def test_a_runtimes_climbing_latency_fires_the_policy_and_its_webhook_acknowledg
 
     (raw,) = _backoffs(webhook)  # once: the policy does not fire again while it holds
     body, command = orjson.loads(raw), webhook_command(raw)
-    verify(command, settings.signing_key_bytes())  # the signed form, as on the topic
+    verifier_for(settings).verify(command)  # the signed form, as on the topic
     assert command.target.worker_id == runtime_id and command.action.steps == 4
     assert body["action"] == {  # the plain form
         "policy": "grad_accumulation", "steps": 4, "target": runtime_id,

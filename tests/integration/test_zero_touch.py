@@ -23,16 +23,17 @@ from dsec.actuators.restore import restore
 from dsec.history import query
 from dsec.infra.kafka_clients import producer_config
 from dsec.infra.kafka_local import free_port
+from dsec.infra.keys import signer_for, signing_env
 from dsec.schemas import (
     ActuationCommand,
     WorkerIdentity,
     encode,
     new_event_id,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import SnapshotParams
+from dsec.schemas.trust import KeyRole
 from dsec.zerotouch.identity import safe_id
 
 pytestmark = pytest.mark.integration
@@ -64,7 +65,7 @@ def test_unmodified_two_rank_ppo_under_torchrun_publishes_every_signal_and_snaps
     env = _environment(
         DSEC_BOOTSTRAP=settings.bootstrap, DSEC_TOPIC_PREFIX=settings.topic_prefix,
         DSEC_JOB_ID=settings.job_id, DSEC_DATA_DIR=str(data_dir),
-        DSEC_SIGNING_KEY="test-signing-key", DSEC_ACTUATOR_CHANNEL="kafka",
+        DSEC_ACTUATOR_CHANNEL="kafka", **signing_env(settings),
         DSEC_PROBE_GPU_SAMPLE_INTERVAL_S="0.2", DSEC_PROBE_STEP_SAMPLE_EVERY_N_STEPS="1",
     )
     program = subprocess.Popen(
@@ -79,11 +80,11 @@ def test_unmodified_two_rank_ppo_under_torchrun_publishes_every_signal_and_snaps
         consume_batches(settings.bootstrap, topic_names(settings.topic_prefix).metrics,
                         lambda got: {b.identity.worker_id for b in got} >= set(workers), 90)
         time.sleep(2.0)  # the rank's command consumer takes its partitions meanwhile
-        command = sign(ActuationCommand(
+        command = signer_for(settings, KeyRole.COMMAND_SIGNER).sign(ActuationCommand(
             actuation_id=new_event_id(), expires_at_ms=now_ms() + 60_000,
             target=WorkerIdentity(job_id=settings.job_id, worker_id=workers[0], node_id=node),
             policy_name="test", policy_version=1, action=SnapshotParams(),
-        ), settings.signing_key_bytes())
+        ))
         producer = Producer(producer_config(settings, client_id="test-commands"))
         producer.produce(topic_names(settings.topic_prefix).actuations, key=node.encode(),
                          value=encode(command))
@@ -146,7 +147,7 @@ def test_without_a_broker_the_program_runs_unchanged_and_counts_its_drops(tmp_pa
     instrumented = subprocess.run(
         [sys.executable, "-m", "dsec.cli", "run", "--endpoint", f"127.0.0.1:{free_port()}",
          "--", *command],
-        env=_environment(DSEC_DATA_DIR=str(tmp_path / "dsec"), DSEC_SIGNING_KEY="k",
+        env=_environment(DSEC_DATA_DIR=str(tmp_path / "dsec"),
                          DSEC_ACTUATOR_CHANNEL="kafka",
                          DSEC_PROBE_SHUTDOWN_FLUSH_TIMEOUT_S="1"),
         capture_output=True, text=True, timeout=180)

@@ -31,7 +31,7 @@ def test_the_example_framework_trains_with_dsec_loaded_as_its_plugin(tmp_path) -
     out = subprocess.run(
         [sys.executable, str(EXAMPLE / "framework.py"), str(config)], capture_output=True,
         text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k",
+        env={**os.environ, "DSEC_DATA_DIR": str(tmp_path / "dsec"),
              "DSEC_ACTUATOR_CHANNEL": "kafka", "DSEC_PROBE_SHUTDOWN_FLUSH_TIMEOUT_S": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("final loss ")

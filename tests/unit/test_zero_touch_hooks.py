@@ -108,19 +108,22 @@ def test_autocast_regions_follow_the_commanded_dtype_and_a_disabled_one_stays_of
         pass
 
     override.install(Region)
-    with pytest.raises(RuntimeError, match=r"no torch\.autocast region"):
-        override.apply(PrecisionParams(dtype="fp32"))
+    without = override.apply(PrecisionParams(dtype="fp32"))
+    assert without.status == "unsupported" and "dsec.autocast()" in without.detail
     linear = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
     with Region("cpu", dtype=torch.bfloat16):
         assert linear(x).dtype == torch.bfloat16  # as the program asks
-    assert "cpu bfloat16" in override.apply(PrecisionParams(dtype="fp32"))
+    pending = override.apply(PrecisionParams(dtype="fp32"))
+    assert pending.settle() is None  # no region has run under it yet
     with Region("cpu", dtype=torch.bfloat16):
         assert linear(x).dtype == torch.float32
         with Region("cpu", enabled=False):
             assert linear(x).dtype == torch.float32
-    with pytest.raises(RuntimeError, match="loss scaling"):
-        override.apply(PrecisionParams(dtype="fp16"))
+    effect = pending.settle()  # read back from the region that ran under it
+    assert (effect.status, effect.requested, effect.in_force) == ("applied", "fp32", "fp32")
+    assert "cpu bfloat16" in effect.detail
+    assert override.apply(PrecisionParams(dtype="fp16")).status == "unsupported"  # scaling
     override.apply(PrecisionParams(dtype="bf16"))
     with Region("cpu", dtype=torch.bfloat16), Region("cpu", enabled=False):
         assert linear(x).dtype == torch.float32  # the program's own fp32 part
