@@ -15,6 +15,7 @@ from dsec.bench.compression import compression
 from dsec.bench.native import native_command
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
+from dsec.bench.scale import scale
 from dsec.bench.snapshot import snapshot_command
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, measured side by side.")
@@ -127,6 +128,7 @@ def signing(
 bench_app.command("probe-overhead")(probe_overhead)
 bench_app.command("native")(native_command)
 bench_app.command("compression")(compression)
+bench_app.command("scale")(scale)
 
 
 @bench_app.command("all")

@@ -1,0 +1,86 @@
+"""``dsec bench scale``: how the control plane's cost grows with the fleet.
+
+Per fleet size, each in a fresh process so that one size's memory does not carry into
+the next: the policy engine's whole step (and its cost per target), the metrics stream
+job's CPU per message and per sample at probe rates, its state bytes per worker and
+feature events per CPU second, and each one's resident memory. Once: a generated
+history in ClickHouse (bytes on disk per stored sample, analysis query latencies).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def _in_fresh_process(function: Callable[..., dict], *args: Any) -> dict:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def _store(gpus: int, hours: float, directory: str) -> dict:
+    from dsec.bench.scale_store import StoreScale, measure_store
+    from dsec.infra.store.clickhouse import connect, ensure_schema
+
+    client = connect(f"chdb://{Path(directory) / 'store'}")
+    try:
+        ensure_schema(client, ttl_days=3650)  # the generated history is dated ahead
+        return measure_store(client, StoreScale(gpus=gpus, hours=hours))
+    finally:
+        client.close()
+
+
+def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float) -> dict:
+    from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job
+
+    engine = [_in_fresh_process(measure_engine, n) for n in fleet_sizes]
+    stream_job = [_in_fresh_process(measure_stream_job, n) for n in fleet_sizes]
+    first_engine, first_job = engine[0]["per_target_us"], stream_job[0]["cpu_s_per_message"]
+    for entry in engine:
+        entry["per_target_vs_smallest"] = round(entry["per_target_us"] / first_engine, 2)
+    for entry in stream_job:
+        entry["per_message_vs_smallest"] = round(entry["cpu_s_per_message"] / first_job, 2)
+    result: dict[str, Any] = {
+        "probe_rates": ProbeRates().__dict__, "engine": engine, "stream_job": stream_job,
+    }
+    if store_hours > 0:
+        with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
+            result["store"] = _in_fresh_process(_store, store_gpus, store_hours, directory)
+    return result
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def scale(
+    workers: Annotated[str, typer.Option(help="Fleet sizes, comma-separated.")]
+    = "1000,10000,100000",
+    store_gpus: Annotated[int, typer.Option(min=1, max=100_000)] = 100,
+    store_hours: Annotated[float, typer.Option(
+        min=0, max=24 * 30, help="Hours of generated history; 0: skip the store.")] = 24.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Engine step, stream-job cost and state per worker, memory, storage and queries,
+    against the fleet size."""
+    sizes = [int(size) for size in workers.split(",") if size.strip()]
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter("give one or more positive fleet sizes", param_hint="--workers")
+    result = _rounded(run_scale(sizes, store_gpus, store_hours))
+    if as_json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        typer.echo(f"{key}: {json.dumps(value, indent=1)}")

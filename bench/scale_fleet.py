@@ -1,0 +1,139 @@
+"""One fleet size's control-plane cost, each service measured in a process of its own.
+
+The policy engine: one whole step over one feature event per target (as
+``dsec bench policy-eval`` measures it). The metrics stream job: the ``MetricsJob`` stage,
+fed probe-shaped messages of every worker for a few seconds, then timed on one more
+second; its state is the bytes the Faust table would hold per worker. Inputs are made
+before the clock starts and dropped before the resident memory is read.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+from dsec.infra.records import Record
+from dsec.schemas import MetricBatch, MetricColumns, WorkerIdentity, encode
+from dsec.schemas.metrics import (
+    EpisodeColumns,
+    GpuColumns,
+    GradSyncColumns,
+    HeartbeatColumns,
+    StepColumns,
+)
+
+START_MS = 1_800_000_000_000
+
+
+@dataclass(frozen=True)
+class ProbeRates:
+    """What one worker sends, per second of its life (the probe's defaults on a worker
+    that steps four times a second and ends an episode every five seconds)."""
+
+    steps_per_s: int = 4
+    grad_syncs_per_s: int = 4
+    gpu_samples_per_s: int = 1
+    episode_every_s: int = 5
+    heartbeat_every_s: int = 5
+
+    def samples_per_s(self) -> float:
+        return (self.steps_per_s + self.grad_syncs_per_s + self.gpu_samples_per_s
+                + 1 / self.episode_every_s + 1 / self.heartbeat_every_s)
+
+
+def worker_second(worker: int, second: int, rates: ProbeRates) -> MetricBatch:
+    """One second of one worker, as one probe message."""
+    t_ms = START_MS + second * 1000
+    gpu_uuid = f"GPU-{worker:08d}-0000-0000-0000-000000000000"
+    steps = [second * rates.steps_per_s + k for k in range(rates.steps_per_s)]
+    times_ms = [t_ms + k * 1000 // rates.steps_per_s for k in range(rates.steps_per_s)]
+    syncs = steps[: rates.grad_syncs_per_s]
+    columns = MetricColumns(
+        step=StepColumns(event_time_ms=times_ms, step=steps,
+                         loss=[0.5 + 0.01 * (second % 13)] * len(steps),
+                         grad_norm=[1.0 + 0.001 * step for step in steps],
+                         step_time_ms=[1000.0 / rates.steps_per_s] * len(steps)),
+        grad_sync=GradSyncColumns(event_time_ms=times_ms[: len(syncs)], step=syncs,
+                                  bytes=[1 << 24] * len(syncs),
+                                  latency_ms=[20.0 + (second % 5)] * len(syncs)),
+        gpu=GpuColumns(event_time_ms=[t_ms], gpu_uuid=[gpu_uuid], gpu_model=["NVIDIA H100"],
+                       memory_used_bytes=[(40 << 30) + second * (1 << 20)],
+                       memory_total_bytes=[80 << 30], utilisation_pct=[90.0],
+                       temperature_c=[60.0]),
+        heartbeat=(HeartbeatColumns(event_time_ms=[t_ms], interval_s=[5.0])
+                   if second % rates.heartbeat_every_s == 0 else None),
+        episode=(EpisodeColumns(event_time_ms=[t_ms], episode_index=[second],
+                                reward=[float(second % 7)], length=[200 + second % 11])
+                 if second % rates.episode_every_s == 0 else None),
+    )
+    return MetricBatch(
+        event_id=f"scale-{worker:06d}-{second:06d}", event_time_ms=t_ms + 1000,
+        identity=WorkerIdentity(job_id="scale", worker_id=f"w{worker:06d}",
+                                node_id=f"n{worker // 8:05d}"),
+        gpu_uuid=gpu_uuid, columns=columns,
+    )
+
+
+def _messages(topic: str, workers: int, second: int, rates: ProbeRates) -> list[Record]:
+    """Every worker's message of one second, on one partition in offset order."""
+    records = []
+    for worker in range(workers):
+        batch = worker_second(worker, second, rates)
+        records.append(Record(topic, 0, second * workers + worker,
+                              batch.identity.worker_id.encode(), encode(batch)))
+    return records
+
+
+def _rss_bytes() -> dict[str, int]:
+    """The process's resident memory now and at its peak (``/proc/self/status``)."""
+    values = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            name, _, rest = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                values[name] = int(rest.split()[0]) * 1024
+    return {"rss_bytes": values.get("VmRSS", 0), "peak_rss_bytes": values.get("VmHWM", 0)}
+
+
+def measure_stream_job(workers: int, warm_up_s: int = 2) -> dict:
+    """The metrics job over ``workers`` workers: CPU per message and per sample, feature
+    events per CPU second, state bytes per worker, the process's memory."""
+    from dsec.schemas.topics import topic_names
+    from dsec.stream_jobs.metrics_job import MetricsJob
+
+    rates = ProbeRates()
+    topics = topic_names("scale")
+    job = MetricsJob(topics, {}, clock_ms=lambda: START_MS)
+    for second in range(warm_up_s):
+        warm = job.process(_messages(topics.metrics, workers, second, rates),
+                           batch_ms=START_MS + (second + 2) * 1000)
+        job.save(warm.states)
+    timed = _messages(topics.metrics, workers, warm_up_s, rates)
+    gc.collect()
+    start = time.process_time()
+    result = job.process(timed, batch_ms=START_MS + (warm_up_s + 2) * 1000)
+    job.save(result.states)
+    cpu_s = time.process_time() - start
+    features = sum(1 for output in result.outputs if output.topic == topics.features)
+    del timed, result
+    gc.collect()
+    state_bytes = sum(len(state.to_bytes()) for state in job.states.values())
+    return {
+        "workers": workers,
+        "cpu_s_per_message": cpu_s / workers,
+        "cpu_s_per_million_samples": cpu_s / (workers * rates.samples_per_s()) * 1e6,
+        "feature_events_per_cpu_s": features / cpu_s if cpu_s else None,
+        "state_bytes_per_worker": state_bytes / max(1, len(job.states)),
+        **_rss_bytes(),
+    }
+
+
+def measure_engine(targets: int) -> dict:
+    """One whole engine step over ``targets`` targets, 1 % of them tripping."""
+    from dsec.bench.policy_eval import engine_step_ms
+
+    step_ms = engine_step_ms(targets)
+    gc.collect()
+    return {"targets": targets, "step_ms": step_ms,
+            "per_target_us": step_ms * 1000 / targets, **_rss_bytes()}

@@ -1,0 +1,53 @@
+"""``dsec bench scale``'s parts at a tiny size: each measures what it says, on real stages
+and a real ClickHouse engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job, worker_second
+from dsec.bench.scale_store import StoreScale, measure_store
+from dsec.infra.store.clickhouse import connect, ensure_schema
+
+
+def test_a_worker_second_carries_the_probe_rates() -> None:
+    rates = ProbeRates()
+    batch = worker_second(7, 10, rates)  # second 10: an episode and a heartbeat too
+    kinds = batch.columns.kinds()
+    assert len(kinds["step"].step) == rates.steps_per_s
+    assert len(kinds["grad_sync"].step) == rates.grad_syncs_per_s
+    assert set(kinds) == {"step", "grad_sync", "gpu", "heartbeat", "episode"}
+    assert "episode" not in worker_second(7, 11, rates).columns.kinds()
+    assert rates.samples_per_s() == pytest.approx(4 + 4 + 1 + 0.2 + 0.2)
+
+
+def test_the_stream_job_keeps_state_and_makes_one_feature_event_per_message() -> None:
+    result = measure_stream_job(20)
+    assert result["workers"] == 20
+    assert result["state_bytes_per_worker"] > 100
+    assert result["feature_events_per_cpu_s"] > 0  # every timed message made its event
+    assert result["rss_bytes"] > 0
+
+
+def test_the_engine_step_is_timed_per_target() -> None:
+    result = measure_engine(50)
+    assert result["step_ms"] > 0
+    assert result["per_target_us"] == pytest.approx(result["step_ms"] * 1000 / 50)
+
+
+def test_the_generated_history_has_the_stated_rows_and_is_measured(tmp_path) -> None:
+    scale = StoreScale(gpus=3, hours=0.02)  # 72 s
+    client = connect(f"chdb://{tmp_path / 'store'}")
+    try:
+        ensure_schema(client, ttl_days=3650)
+        result = measure_store(client, scale)
+        assert {table: entry["rows"] for table, entry in result["raw_tables"].items()} \
+            == scale.raw_rows()
+        features = client.query("SELECT count(), uniqExact(worker_id), uniqExact(feature) "
+                                "FROM features").result_rows[0]
+    finally:
+        client.close()  # chDB holds one store per process: let the next test open its own
+    assert features[0] == scale.history_rows()["features"]
+    assert features[1] == 3
+    assert result["bytes_per_stored_sample"] > 0
+    assert result["ready_queries_s"] and result["history_panels_s"]
