@@ -2,6 +2,11 @@
 ``INSERT … SELECT … FROM numbers()``, so the generator costs nothing in Python), then
 bytes on disk per stored sample from ``system.parts`` after merges, and the latency of
 every ready analysis query (``infra/queries/``) and of every Grafana history panel over it.
+
+The generated values: each worker's samples in time order at the probe's rates, counters
+that climb, NVML readings in whole units, and every other measured value a hash-drawn
+number with three decimals between 0 and 100 (about 17 bits of noise, which no codec
+removes: real losses and latencies carry at least as much).
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ _BY_NAME = {
     "memory_used_bytes": "toInt64(40 * 1073741824 + (i % 3600) * 1048576)",
     "memory_total_bytes": "toInt64(85899345920)",
     "bytes": "toInt64(16777216)", "length": "toInt64(200 + i % 37)",
+    # NVML answers in whole units: percent, degrees, MHz, milliwatts
+    "utilisation_pct": "toFloat64(cityHash64(number) % 101)",
+    "temperature_c": "toFloat64(45 + cityHash64(number) % 40)",
+    "sm_clock_mhz": "toFloat64(1980 - 15 * (cityHash64(number) % 8))",
+    "power_w": "(250000 + cityHash64(number) % 400000) / 1000",
 }
 
 

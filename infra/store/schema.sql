@@ -6,15 +6,15 @@
 
 CREATE TABLE IF NOT EXISTS features
 (
-    event_time  DateTime64(3, 'UTC'),
-    event_id    String,
+    event_time  DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+    event_id    String CODEC(ZSTD(3)),
     job_id      LowCardinality(String),
     node_id     LowCardinality(String),
     worker_id   LowCardinality(String),
     gpu_uuid    LowCardinality(String),
     window      LowCardinality(String),
     feature     LowCardinality(String),
-    value       Float64
+    value       Float64 CODEC(ZSTD(3))
 )
 ENGINE = MergeTree
 PARTITION BY toDate(event_time)
