@@ -5,7 +5,9 @@ by assignment, nothing committed), keeps the commands keyed to this worker's nod
 addressed to this worker, and queues them; the training thread runs them through the
 ``CommandPipeline`` at its next step boundary (``apply_pending``), where changing the
 model, optimizer or precision is safe, so a command is checked (signature, expiry,
-duplicates) when it is applied, and its result is published back.
+duplicates) when it is applied, and its result is published back. In endpoint mode the
+worker fetches its commands from the ingest gateway instead (``poll``:
+``PolledCommandSource``), and its results go back through the gateway with its metrics.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dsec.actuators.command_source import CommandSource, dead_letters_to
 from dsec.actuators.desired_state import DesiredStateBook, OutOfOrder
 from dsec.actuators.gate import CommandGate
 from dsec.actuators.pipeline import Applier, CommandPipeline, Outcome
+from dsec.actuators.polled_source import CommandPoll, PolledCommandSource
 from dsec.actuators.results import Publish, ResultPublisher
 from dsec.actuators.step_queue import StepBoundaryQueue
 from dsec.infra.consumer_loop import ConsumerLoopConfig, Start
@@ -83,10 +86,12 @@ class InProcessActuator:
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
         dead_letters_topic: str | None = None,
         consumer_factory: Callable[[dict], Any] = Consumer,
+        poll: CommandPoll | None = None,
     ) -> None:
         """``on_command`` is called (on the consumer's thread) after a command is queued for
         ``apply_pending``: the probe's ``wake``, so that the next step boundary applies it.
-        ``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in tests."""
+        ``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in tests.
+        ``poll``: fetch the commands from the gateway rather than the actuation topic."""
         self.identity = identity
         self.hooks = hooks
         self._results = ResultPublisher(results_topic, publish, service=SERVICE)
@@ -95,6 +100,12 @@ class InProcessActuator:
             CommandGate(identity, verifier, max_future_ms=max_future_ms),
             self._applier, self._results)
         self._queue: StepBoundaryQueue[ActuationCommand] = StepBoundaryQueue(on_command)
+        self.polls = poll is not None
+        self._source: CommandSource | PolledCommandSource
+        if poll is not None:
+            self._source = PolledCommandSource(poll, self._queue_if_addressed,
+                                               self._pipeline.undecodable)
+            return
         self._source = CommandSource(
             ConsumerLoopConfig((actuations_topic,), str(consumer_config.get("group.id", SERVICE)),
                                poll_timeout_s=POLL_TIMEOUT_S, assign=True, start=Start.END,
@@ -114,7 +125,7 @@ class InProcessActuator:
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
         self._source.start()
-        if not self._source.wait_ready(ready_timeout_s):
+        if ready_timeout_s > 0 and not self._source.wait_ready(ready_timeout_s):
             log.warning("dsec actuator: no assignment after %.0f s; commands may be late",
                         ready_timeout_s)
 
@@ -129,5 +140,7 @@ class InProcessActuator:
         self._applier.settle()
         return applied
 
-    def stop(self) -> None:
-        self._source.stop()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops the consumer, waiting up to ``timeout_s`` for it (one stuck asking an
+        unreachable broker is left behind, a daemon thread)."""
+        self._source.stop(timeout_s)

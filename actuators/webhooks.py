@@ -10,6 +10,16 @@ to a registered runtime, signature, expiry, duplicates), then ``WebhookPoster``,
 POSTs it as JSON and reads the runtime's answer as the actuation result. A runtime answers
 2xx, optionally with ``{"status": "applied" | "failed" | "rejected" | "unsupported",
 "detail": "..."}`` (unsupported: the runtime cannot carry that action out).
+
+The body carries the command twice (``webhook_body``): ``command``, the signed command as
+on the actuation topic (a runtime that verifies signatures checks it), and ``action``, the
+plain form a platform's workflow reads without dsec's schemas:
+``{"policy": "grad_accumulation", "steps": 4, "target": "<runtime id>", ...}``.
+
+A runtime registered with ``"delivery": "poll"`` (a probe in endpoint mode: it can reach
+the gateway, nobody can reach it) gets no POST: its checked command waits in the gateway's
+``CommandMailbox`` until the runtime fetches it, and the runtime posts its result when the
+command is in force (a command that expires in the box is reported stale).
 """
 
 from __future__ import annotations
@@ -21,12 +31,14 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from confluent_kafka import Consumer
 
 from dsec.actuators.command_source import CommandSource, dead_letters_to
 from dsec.actuators.gate import AddressedTo, CommandGate
 from dsec.actuators.pipeline import Applier, CommandPipeline, Outcome
 from dsec.actuators.results import DETAIL_MAX_CHARS, Publish, ResultPublisher
+from dsec.infra.command_mailbox import CommandMailbox
 from dsec.infra.consumer_loop import ConsumerLoopConfig
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.runtime_registry import RuntimeRegistry
@@ -54,6 +66,27 @@ def post_json(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         return exc.code, exc.read(65536)
 
 
+def plain_action(command: ActuationCommand) -> dict[str, Any]:
+    """The command as a platform reads it: the action's kind as ``policy`` and its
+    parameters beside it, then whom it is for (``target``: the runtime; commands address a
+    worker, not a GPU), which dsec policy sent it, its id and its expiry."""
+    action = command.action.model_dump(mode="json")
+    return {"policy": action.pop("kind"), **action, "target": command.target.worker_id,
+            "policy_name": command.policy_name, "actuation_id": command.actuation_id,
+            "expires_at_ms": command.expires_at_ms}
+
+
+def webhook_body(command: ActuationCommand) -> bytes:
+    """What a runtime's webhook receives: the signed command and its plain form."""
+    return orjson.dumps({"command": orjson.Fragment(encode(command)),
+                         "action": plain_action(command)})
+
+
+def webhook_command(body: bytes) -> ActuationCommand:
+    """The signed command in a webhook body (for runtimes in Python, and the tests)."""
+    return ActuationCommand.model_validate(orjson.loads(body)["command"])
+
+
 def answer_status(http_status: int, body: bytes) -> tuple[ActuationStatus, str]:
     """The actuation result a webhook's answer stands for."""
     if not 200 <= http_status < 300:
@@ -79,23 +112,38 @@ def registered_runtime(registry: RuntimeRegistry, default_job_id: str) -> Addres
 class WebhookPoster(Applier):
     """POSTs a command to its runtime's webhook; the answer is the command's outcome."""
 
-    def __init__(self, registry: RuntimeRegistry, post: PostJson, timeout_s: float) -> None:
+    def __init__(self, registry: RuntimeRegistry, post: PostJson, timeout_s: float,
+                 mailbox: CommandMailbox | None = None) -> None:
+        """``mailbox``: where commands for runtimes that poll wait (none: they are refused)."""
         self._registry = registry
         self._post = post
         self._timeout_s = timeout_s
+        self._mailbox = mailbox
         self.delivered = 0
 
-    def apply(self, command: ActuationCommand) -> Outcome:
+    def apply(self, command: ActuationCommand) -> Outcome | None:
         registration = self._registry.get(command.target.worker_id)
+        if registration is not None and registration.delivery == "poll":
+            return self._queue(command)
         if registration is None or registration.webhook_url is None:
             return Outcome(ActuationStatus.REJECTED, "the runtime registered no webhook")
         try:
-            http_status, body = self._post(str(registration.webhook_url), encode(command),
-                                           self._timeout_s)
+            http_status, body = self._post(str(registration.webhook_url),
+                                           webhook_body(command), self._timeout_s)
         except Exception as exc:  # an unreachable webhook is a failed actuation, not a crash
             return Outcome(ActuationStatus.FAILED, f"webhook unreachable: {exc}")
         self.delivered += 1
         return Outcome(*answer_status(http_status, body))
+
+    def _queue(self, command: ActuationCommand) -> Outcome | None:
+        """None: the runtime reports the result once it has the command in force."""
+        if self._mailbox is None:
+            return Outcome(ActuationStatus.REJECTED, "this gateway holds no commands for "
+                           "runtimes that poll")
+        if not self._mailbox.put(command):
+            return Outcome(ActuationStatus.FAILED, "the runtime's command queue is full: it "
+                           "has not fetched its commands")
+        return None
 
 
 class WebhookForwarder:
@@ -114,13 +162,14 @@ class WebhookForwarder:
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
         dead_letters_topic: str | None = None,
         consumer_factory: Callable[[dict], Any] = Consumer,
+        mailbox: CommandMailbox | None = None,
     ) -> None:
         """``consumer_factory``: the Kafka client, ``confluent_kafka.Consumer`` but in
-        tests."""
+        tests; ``mailbox``: where commands for runtimes that poll wait."""
         metrics = metrics or ProcessMetrics()
         metrics.add_health_check("webhook-forwarder", self.health)
         self._registry = registry
-        self._poster = WebhookPoster(registry, post, timeout_s)
+        self._poster = WebhookPoster(registry, post, timeout_s, mailbox)
         self._pipeline = CommandPipeline(
             CommandGate(None, verifier, addressed=registered_runtime(registry, default_job_id),
                         max_future_ms=max_future_ms),
@@ -147,6 +196,10 @@ class WebhookForwarder:
     def start(self) -> None:
         self._started = True
         self._source.start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether the consumer took its partitions within ``timeout_s``."""
+        return self._source.wait_ready(timeout_s)
 
     def health(self) -> str | None:
         if not self._started:

@@ -10,7 +10,8 @@ and, for the actions that change the loop: ``with dsec.autocast():`` around the
 forward pass, ``dsec.controls()`` for the rest, ``dsec.enable_snapshots(model, opt)``
 and ``dsec.restore(location, model, opt)``.
 Or ``env = dsec.wrap_env(env)`` for episodes, ``dsec.training_step()`` around a custom
-step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3.
+step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3,
+``dsec.trainer_callback()`` for transformers and TRL.
 
 The names resolve on first use (PEP 562), so ``import dsec.schemas`` loads neither
 torch nor a Kafka client.
@@ -37,7 +38,7 @@ _NAMES: dict[str, str] = {
             "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
             "enable_snapshots", "init", "note_accumulation", "note_grad_norm", "on_action",
             "report_episode_end", "report_resume", "report_step", "restore", "sb3_callback",
-            "shutdown",
+            "shutdown", "trainer_callback",
             "training_step", "watch_ddp", "wrap_env",
         )
     },

@@ -15,6 +15,7 @@ step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -54,12 +55,43 @@ __all__ = [
     "restore",
     "sb3_callback",
     "shutdown",
+    "trainer_callback",
     "training_step",
     "watch_ddp",
     "wrap_env",
 ]
 
+log = logging.getLogger(__name__)
+
 _runtime: WorkerRuntime | None = None
+# ``dsec run``: starts this process's runtime when something first needs it (None: not run
+# under ``dsec run``), and whether the runtime in force is the one it started.
+_autostart: Callable[[], Any] | None = None
+_autostarted = False
+
+
+def set_autostart(start: Callable[[], Any] | None) -> None:
+    """``dsec run``: the function that starts this process's runtime (through ``adopt``)
+    the first time ``current()`` finds none, so that the one-line additions (e.g.
+    ``dsec.report_episode_end``) work in a program ``dsec run`` instruments."""
+    global _autostart
+    _autostart = start
+
+
+def running() -> WorkerRuntime | None:
+    """The runtime in force, or None; starts nothing."""
+    return _runtime
+
+
+def adopt(runtime: WorkerRuntime) -> WorkerRuntime:
+    """``dsec run``: makes the runtime it started this process's, as ``init`` would; a
+    later ``dsec.init()`` in the program returns it rather than failing."""
+    global _runtime, _autostarted
+    if _runtime is not None:
+        raise RuntimeError("this process already has a dsec runtime")
+    _runtime, _autostarted = runtime, True
+    set_current_probe(runtime.probe)
+    return runtime
 
 
 def init(
@@ -86,8 +118,14 @@ def init(
     cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
     buffering and drop counts; ``endpoint_token`` (``DSEC_ENDPOINT_TOKEN``) is the
     gateway's enrolment token or this worker's runtime token.
+
+    Under ``dsec run`` the runtime it started is returned (every optimizer's steps are
+    already counted, so ``optimizer`` adds nothing).
     """
     global _runtime
+    if _runtime is not None and _autostarted:
+        log.info("dsec.init(): `dsec run` started this worker's runtime already; using it")
+        return _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
     given = {"bootstrap": bootstrap, "job_id": job_id, "pool": pool, "labels": labels,
@@ -113,6 +151,8 @@ def init(
 
 
 def current() -> WorkerRuntime:
+    if _runtime is None and _autostart is not None:
+        _autostart()
     if _runtime is None:
         raise RuntimeError("call dsec.init() first")
     return _runtime
@@ -202,6 +242,21 @@ def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
     current().watch_ddp(ddp_model, state=state, inner=inner)
 
 
+def trainer_callback() -> Any:
+    """A transformers/TRL ``TrainerCallback`` reporting to this worker; snapshot commands go
+    through the trainer's save path (``trainer.add_callback(dsec.trainer_callback())``)."""
+    from dsec.ingest.integrations.hf_trainer import DsecTrainerCallback
+    from dsec.zerotouch.frameworks import trainer_hooks
+
+    runtime = current()
+
+    def register_hooks(callback: DsecTrainerCallback) -> None:
+        for kind, hook in trainer_hooks(callback).items():
+            runtime.on_action(kind, hook)
+
+    return DsecTrainerCallback(probe=runtime.probe, register_hooks=register_hooks)
+
+
 def sb3_callback(reason_key: str = "termination_reason") -> Any:
     """A Stable-Baselines3 callback reporting to this worker (``pip install 'dsec[sb3]'``)."""
     from dsec.ingest.sb3 import DsecCallback
@@ -282,7 +337,7 @@ def report_resume(source: Literal["snapshot", "checkpoint", "scratch"], recovery
 
 def shutdown() -> ProbeCounters | None:
     """Flushes what the probe holds and stops it; safe to call twice."""
-    global _runtime
-    runtime, _runtime = _runtime, None
+    global _runtime, _autostarted
+    runtime, _runtime, _autostarted = _runtime, None, False
     set_current_probe(None)
     return runtime.shutdown() if runtime is not None else None

@@ -21,8 +21,9 @@ from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.keys import verifier_for
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
+from dsec.ingest.gateway_client import CommandPoller
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
-from dsec.ingest.http_transport import endpoint_transport
+from dsec.ingest.http_transport import HttpTransport, endpoint_transport
 from dsec.ingest.nvml import NvmlSampler
 from dsec.schemas import (
     ActionKind,
@@ -56,8 +57,12 @@ def default_worker_id() -> str:
 
 
 def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: ProbeConfig,
-                    metrics_topic: str) -> Transport:
-    """Kafka, or in endpoint mode (``settings.endpoint``) the ingest gateway over HTTP."""
+                    metrics_topic: str, kafka_logger: logging.Logger | None = None,
+                    results_topic: str | None = None) -> Transport:
+    """Kafka, or in endpoint mode (``settings.endpoint``) the ingest gateway over HTTP;
+    ``kafka_logger``: where the Kafka client's own log goes (default: stderr);
+    ``results_topic``: in endpoint mode, the worker fetches its commands from the gateway
+    and posts their results there."""
     if settings.endpoint:
         if settings.endpoint_token is None:
             raise ValueError("endpoint mode needs a token: endpoint_token= or "
@@ -65,7 +70,7 @@ def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: Pr
                              "worker's runtime token)")
         return endpoint_transport(settings.endpoint,
                                   settings.endpoint_token.get_secret_value(), identity,
-                                  metrics_topic, config)
+                                  metrics_topic, config, results_topic)
     return KafkaTransport(
         producer_config(
             settings,
@@ -74,6 +79,7 @@ def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: Pr
                 "message.timeout.ms": int(config.message_timeout_s * 1000),
                 "queue.buffering.max.messages": config.transport_queue_max_messages,
             },
+            **({} if kafka_logger is None else {"logger": kafka_logger}),
         )
     )
 
@@ -102,12 +108,25 @@ class WorkerRuntime:
         probe_config: ProbeConfig | None = None,
         actuate: bool = True,
         transport: Transport | None = None,
+        kafka_logger: logging.Logger | None = None,
+        actuator_stop_timeout_s: float = 10.0,
     ) -> None:
+        """``kafka_logger``: where the Kafka clients' own log goes (default: stderr);
+        ``actuator_stop_timeout_s``: how long ``shutdown`` waits for the actuator's consumer."""
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
-        transport = transport or probe_transport(settings, identity, config, topics.metrics)
+        node_socket = socket_path(settings.run_directory(), identity.node_id)
+        use_node = settings.actuator_channel == "node" or (
+            settings.actuator_channel == "auto" and _listening(node_socket)
+        )
+        # in endpoint mode without a node actuator, commands come through the gateway
+        polls = bool(actuate and not use_node and settings.endpoint)
+        transport = transport or probe_transport(
+            settings, identity, config, topics.metrics, kafka_logger,
+            results_topic=topics.actuation_results if polls else None)
         self.identity = identity
         self.settings = settings
+        self._actuator_stop_timeout_s = actuator_stop_timeout_s
         self._results_topic = topics.actuation_results
         self.probe = Probe(identity, topics.metrics, transport, config)
         self.grad_sync = GradSyncTimer(self.probe)
@@ -136,25 +155,21 @@ class WorkerRuntime:
         self._memory_checks = 0
         self._memory_warned_s = float("-inf")
         self.probe.add_step_callback(self._check_memory_budget)
-        node_socket = socket_path(settings.run_directory(), identity.node_id)
-        use_node = settings.actuator_channel == "node" or (
-            settings.actuator_channel == "auto" and _listening(node_socket)
-        )
         if actuate and use_node:
             self.channel = WorkerChannel(identity, node_socket, self.hooks,
                                          on_command=self.probe.wake)
             self.probe.add_step_callback(self.channel.apply_pending)
-        elif actuate and settings.endpoint:
-            # The worker cannot reach Kafka; commands through the gateway are not built
-            # yet (docs/integrations.md says how they will come), a node actuator's socket
-            # works as ever.
-            log.info("dsec: endpoint mode: no commands reach worker %s without a node "
-                     "actuator", identity.worker_id)
+        elif polls and not isinstance(transport, HttpTransport):
+            log.info("dsec: endpoint mode: no commands reach worker %s through a transport "
+                     "of its own", identity.worker_id)
         elif actuate:
+            poll = (CommandPoller(transport.client.sibling(config.endpoint_request_timeout_s))
+                    if polls and isinstance(transport, HttpTransport) else None)
             self.actuator = InProcessActuator(
                 identity=identity,
-                consumer_config=consumer_config(
-                    settings, group_id=f"dsec-worker-{identity.job_id}-{identity.worker_id}"
+                consumer_config={} if poll is not None else consumer_config(
+                    settings, group_id=f"dsec-worker-{identity.job_id}-{identity.worker_id}",
+                    **({} if kafka_logger is None else {"logger": kafka_logger}),
                 ),
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,
@@ -164,15 +179,19 @@ class WorkerRuntime:
                 on_command=self.probe.wake,
                 max_future_ms=settings.command_max_future_ms(),
                 dead_letters_topic=topics.dead_letters,
+                poll=poll,
             )
             self.probe.add_step_callback(self.actuator.apply_pending)
 
-    def start(self) -> WorkerRuntime:
+    def start(self, commands_ready_timeout_s: float = 30.0) -> WorkerRuntime:
+        """``commands_ready_timeout_s``: how long the in-process actuator may hold the
+        caller while its consumer is assigned (0: not at all; a command sent before the
+        assignment is then missed)."""
         self.probe.start()
         if self.nvml is not None:
             self.nvml.start()
         if self.actuator is not None:
-            self.actuator.start()
+            self.actuator.start(commands_ready_timeout_s)
         if self.channel is not None:
             self.channel.start()
         return self
@@ -261,7 +280,7 @@ class WorkerRuntime:
             self.nvml.stop()
         self.apply_pending()
         if self.actuator is not None:
-            self.actuator.stop()
+            self.actuator.stop(self._actuator_stop_timeout_s)
         if self.channel is not None:
             self.channel.stop()
         snapshotter = self.controls.snapshot.snapshotter

@@ -5,8 +5,12 @@ registers a new runtime, and the answer holds that runtime's own token; from the
 that token writes the runtime (re-registration, samples), and it can be revoked. Accepted
 samples become one ``MetricBatch`` on the same metrics topic as the Python probes', keyed by
 the runtime id; the answer comes after Kafka has the batch, so a runtime that gets 2xx may
-forget it. Errors are JSON: ``{"error": code, "detail": text, "problems": [{"field",
-"message"}]}``, and each is counted by its code.
+forget it. A runtime registered with ``"delivery": "poll"`` fetches its signed commands
+(``GET .../commands?wait_s=N``, held open until one is there or ``wait_s`` has passed) and
+posts the result of each (``POST .../results``), which the gateway publishes under the
+runtime's registered identity, for commands it handed to that runtime only. Errors are
+JSON: ``{"error": code, "detail": text, "problems": [{"field", "message"}]}``, and each is
+counted by its code.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import hashlib
 import hmac
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -26,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from dsec.infra.command_mailbox import CommandMailbox
 from dsec.infra.observability.metrics import EVENTS_IN, REQUESTS_REJECTED, ProcessMetrics
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.infra.token_bucket import TokenBuckets
@@ -34,6 +41,7 @@ from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import BatchPublisher, PublishError
 from dsec.ingest.json_body import BodyError, parse_strict, read_limited
 from dsec.schemas import (
+    ActuationResult,
     MetricBatch,
     RuntimeMetricsPost,
     RuntimeRegistration,
@@ -47,6 +55,8 @@ from dsec.schemas import (
 log = logging.getLogger(__name__)
 SERVICE = "ingest-gateway"
 _BODY_STATUS = {"too_large": 413, "invalid_json": 400, "too_deep": 400}
+# A held poll looks for commands this often: the forwarder queues them on its own thread.
+POLL_STEP_S = 0.05
 
 
 class GatewayError(Exception):
@@ -114,9 +124,15 @@ class IngestGateway:
         default_job_id: str,
         metrics: ProcessMetrics | None = None,
         rate_limits: TokenBuckets | None = None,
+        mailbox: CommandMailbox | None = None,
+        results: BatchPublisher | None = None,
     ) -> None:
         """``metrics``: what ``/metrics`` serves and ``/healthz`` checks. ``rate_limits``:
-        one bucket per caller, by default ``config.rate_per_s`` with ``config.rate_burst``."""
+        one bucket per caller, by default ``config.rate_per_s`` with ``config.rate_burst``.
+        ``mailbox`` and ``results`` (the actuation results topic): commands for runtimes
+        that poll, and where their results go; without them polling is refused."""
+        self._mailbox = mailbox
+        self._results = results
         self._config = config
         self.metrics = metrics or ProcessMetrics()
         self._batches_in = self.metrics.counter(EVENTS_IN).labels(SERVICE, "http")
@@ -138,6 +154,8 @@ class IngestGateway:
             Route("/v1/runtimes", self._register, methods=["POST"]),
             Route("/v1/runtimes/{runtime_id}", self._show, methods=["GET"]),
             Route("/v1/runtimes/{runtime_id}/metrics", self._metrics, methods=["POST"]),
+            Route("/v1/runtimes/{runtime_id}/commands", self._commands, methods=["GET"]),
+            Route("/v1/runtimes/{runtime_id}/results", self._result, methods=["POST"]),
             Route("/v1/runtimes/{runtime_id}/token", self._revoke, methods=["DELETE"]),
             Route("/v1/runtimes/{runtime_id}/token", self._reissue, methods=["POST"]),
         ])
@@ -197,7 +215,7 @@ class IngestGateway:
                 f"invalid {model.__name__}: {first['field']}: {first['message']}", problems,
             ) from None
 
-    async def _handle(self, request: Request, handler: Any) -> JSONResponse:
+    async def _handle(self, request: Request, handler: Any) -> Response:
         try:
             caller = self._caller(request)
             self._limit_rate(caller)
@@ -326,6 +344,59 @@ class IngestGateway:
             return JSONResponse(
                 {"accepted": accepted, "batch_id": batch.event_id}, status_code=202
             )
+
+        return await self._handle(request, handle)
+
+    def _polling(self, req: Request, caller: Caller) -> tuple[RuntimeRegistration,
+                                                                CommandMailbox]:
+        registration = self._registered(req.path_params["runtime_id"])
+        if not caller.owns(registration.runtime_id):
+            raise self._forbidden(caller, registration.runtime_id)
+        if self._mailbox is None:
+            raise GatewayError(501, "no_polling", "this gateway holds no commands for "
+                               "runtimes that poll")
+        if registration.delivery != "poll":
+            raise GatewayError(409, "not_polling", f"runtime {registration.runtime_id!r} "
+                               "registered for webhook delivery: register with "
+                               '"delivery": "poll"')
+        return registration, self._mailbox
+
+    async def _commands(self, request: Request) -> Response:
+        async def handle(req: Request, caller: Caller) -> Response:
+            registration, mailbox = self._polling(req, caller)
+            try:
+                wait_s = float(req.query_params.get("wait_s", "0"))
+            except ValueError:
+                wait_s = -1.0
+            if not 0 <= wait_s <= self._config.max_poll_wait_s:
+                raise GatewayError(400, "invalid_request", "wait_s: a number of seconds from "
+                                   f"0 to {self._config.max_poll_wait_s:g}")
+            deadline_s = time.monotonic() + wait_s
+            while not (commands := mailbox.take(registration.runtime_id)):
+                if time.monotonic() >= deadline_s or await req.is_disconnected():
+                    return Response(status_code=204)
+                await asyncio.sleep(POLL_STEP_S)
+            body = orjson.dumps({"commands": [orjson.Fragment(encode(command))
+                                              for command in commands]})
+            return Response(body, media_type="application/json")
+
+        return await self._handle(request, handle)
+
+    async def _result(self, request: Request) -> JSONResponse:
+        async def handle(req: Request, caller: Caller) -> JSONResponse:
+            registration, mailbox = self._polling(req, caller)
+            posted: ActuationResult = await self._body(req, ActuationResult)
+            command = mailbox.delivered(registration.runtime_id, posted.actuation_id)
+            if command is None or self._results is None:
+                raise GatewayError(404, "unknown_actuation", f"no command "
+                                   f"{posted.actuation_id!r} was handed to this runtime")
+            identity = self._identity(registration)
+            result = posted.model_copy(update={"identity": identity,
+                                               "action_kind": command.action.kind.value,
+                                               "command_time_ms": command.event_time_ms})
+            await self._results.publish(identity.node_id.encode(), encode(result))
+            return JSONResponse({"actuation_id": result.actuation_id,
+                                 "status": result.status.value}, status_code=202)
 
         return await self._handle(request, handle)
 

@@ -31,6 +31,10 @@ class GatewayConfig(BaseSettings):
     rate_burst: int = Field(default=40, ge=1)
     publish_timeout_s: float = Field(default=30.0, gt=0)
     webhook_timeout_s: float = Field(default=5.0, gt=0)
+    # runtimes that poll for their commands: the longest a poll is held open, and how
+    # many commands wait for one runtime before the next is refused
+    max_poll_wait_s: float = Field(default=30.0, ge=0, le=300)
+    poll_queue_max_commands: int = Field(default=64, ge=1)
     # private networks webhooks may point into (CIDR); public addresses are always allowed
     webhook_allowed_networks: tuple[str, ...] = ()
     tls_certfile: Path | None = None

@@ -26,13 +26,14 @@ class BatchPublisher(Protocol):
 
 class KafkaBatchPublisher:
     def __init__(self, producer_config: dict, topic: str, timeout_s: float,
-                 metrics: ProcessMetrics | None = None) -> None:
+                 metrics: ProcessMetrics | None = None,
+                 health_name: str = "kafka-publisher") -> None:
         self._producer = Producer(producer_config)
         self._topic = topic
         self._timeout_s = timeout_s
         metrics = metrics or ProcessMetrics()
         self._published = metrics.counter(EVENTS_OUT).labels("ingest-gateway", topic)
-        metrics.add_health_check("kafka-publisher", self.health)
+        metrics.add_health_check(health_name, self.health)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="dsec-gateway-kafka", daemon=True)
         self._thread.start()

@@ -6,7 +6,8 @@ means refused, and the probe keeps the samples in its own bounded buffer), every
 is reported delivered or not exactly once, a message the gateway cannot take for now is
 tried again in order until its ``message_timeout_s``, and one it refuses for its content is
 reported lost at once. One sender thread posts the queue in order and runs the delivery
-reports.
+reports. Actuation results (``results_topic``, a worker that fetches its commands through
+the gateway) go through the same queue to the runtime's results.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Message:
     body: bytes
     on_delivery: DeliveryCallback
     expires_s: float
+    result: bool = False  # an actuation result, not a metric batch
     settled: bool = field(default=False)
 
 
@@ -60,9 +62,11 @@ def post_body(value: bytes) -> bytes:
 class HttpTransport:
     def __init__(self, client: GatewayClient, metrics_topic: str,
                  config: HttpTransportConfig | None = None,
-                 monotonic_s: Callable[[], float] = time.monotonic) -> None:
-        self._client = client
+                 monotonic_s: Callable[[], float] = time.monotonic,
+                 results_topic: str | None = None) -> None:
+        self.client = client
         self._metrics_topic = metrics_topic
+        self._results_topic = results_topic
         self._config = config or HttpTransportConfig()
         self._monotonic_s = monotonic_s
         self._queue: deque[_Message] = deque()
@@ -73,15 +77,17 @@ class HttpTransport:
         self._thread.start()
 
     def send(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> bool:
-        if topic != self._metrics_topic:  # results and the like travel by Kafka only
-            on_delivery(False, f"endpoint mode sends metrics only, not {topic}")
+        result = topic == self._results_topic
+        if topic != self._metrics_topic and not result:
+            sent = "metrics only" if self._results_topic is None else "metrics and results"
+            on_delivery(False, f"endpoint mode sends {sent}, not {topic}")
             return True
         with self._changed:
             if self._closing or len(self._queue) >= self._config.queue_max_messages:
                 return False
             self._queue.append(_Message(
-                post_body(value), on_delivery,
-                self._monotonic_s() + self._config.message_timeout_s))
+                value if result else post_body(value), on_delivery,
+                self._monotonic_s() + self._config.message_timeout_s, result))
             self._changed.notify_all()
         return True
 
@@ -107,7 +113,7 @@ class HttpTransport:
             self._settle(message, False, "the probe shut down before the gateway took it")
         self._thread.join(timeout=0.5)  # a request under way ends by its own timeout
         if not self._thread.is_alive():
-            self._client.close()
+            self.client.close()
 
     def _settle(self, message: _Message, delivered: bool, error: str) -> None:
         with self._changed:
@@ -122,7 +128,7 @@ class HttpTransport:
     def _note(self, answer: Answer) -> None:
         if answer.outcome is Outcome.SENT:
             if self._problem:
-                log.warning("dsec: reporting to %s again", self._client.endpoint)
+                log.warning("dsec: reporting to %s again", self.client.endpoint)
             self._problem = ""
         elif answer.detail != self._problem:
             self._problem = answer.detail
@@ -142,7 +148,8 @@ class HttpTransport:
                              f"{self._config.message_timeout_s:g} s")
                 continue
             try:
-                answer = self._client.post_batch(message.body)
+                post = self.client.post_result if message.result else self.client.post_batch
+                answer = post(message.body)
             except Exception as exc:  # the sender outlives any one bad answer
                 answer = Answer(Outcome.REFUSED, f"posting failed: {exc!r}")
             self._note(answer)
@@ -160,15 +167,18 @@ class HttpTransport:
 
 
 def endpoint_transport(endpoint: str, token: str, identity: WorkerIdentity, metrics_topic: str,
-                       config: ProbeConfig) -> HttpTransport:
-    """The transport of a probe in endpoint mode, registered under the worker's identity."""
+                       config: ProbeConfig, results_topic: str | None = None) -> HttpTransport:
+    """The transport of a probe in endpoint mode, registered under the worker's identity;
+    with ``results_topic``, registered to fetch its commands (``"delivery": "poll"``) and
+    posting their results."""
     registration = RuntimeRegistration(
         runtime_id=identity.worker_id, runtime_type=RUNTIME_TYPE, concurrency=1,
         mean_call_latency_ms=0.0, function_calling=False, job_id=identity.job_id,
         node_id=identity.node_id, pool=identity.pool, labels=identity.labels,
+        delivery="webhook" if results_topic is None else "poll",
     )
     client = GatewayClient(endpoint, token, registration, config.endpoint_request_timeout_s)
     return HttpTransport(client, metrics_topic, HttpTransportConfig(
         queue_max_messages=config.transport_queue_max_messages,
         message_timeout_s=config.message_timeout_s,
-    ))
+    ), results_topic=results_topic)

@@ -66,6 +66,15 @@ class OptimizerHooks:
         self.watching = True
         self._sampler.restart_step_time()
 
+    def step_hook(self) -> Any:
+        """The post-step hook, for a caller that runs it after every optimizer's step itself
+        (``dsec run`` through torch's global step hook): ``hook(optimizer, args, kwargs)``
+        counts and samples each step as for a watched optimizer. The caller stops calling
+        it at ``unwatch``."""
+        self.watching = True
+        self._sampler.restart_step_time()
+        return self._after_step
+
     def unwatch(self) -> None:
         """Removes the optimizer hooks and the micro-step hooks."""
         for handle in self._handles:

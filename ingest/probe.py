@@ -27,7 +27,7 @@ from dsec.ingest.config import ProbeConfig
 from dsec.ingest.flush_thread import FlushThread
 from dsec.ingest.flusher import Flusher
 from dsec.ingest.optimizer_hooks import OptimizerHooks
-from dsec.ingest.step_sampler import StepSampler
+from dsec.ingest.step_sampler import StepSampler, nonfinite_number
 from dsec.ingest.transport import Transport
 from dsec.schemas import WorkerIdentity
 
@@ -91,6 +91,18 @@ class Probe:
         self._buffer.record(("grad_sync", self._now_ms(), step, nbytes, latency_ms, ok, op,
                              timer, error))
 
+    def record_logged_step(
+        self, step: int, loss: Any = None, grad_norm: Any = None,
+        step_time_ms: float | None = None,
+    ) -> None:
+        """A step as a framework's log reports it (its loss, gradient norm and step time):
+        a sample of its own, the norm marked ``"trainer"``; the probe's step count and
+        sampling are left alone. Any thread; a NaN/Inf value is flushed at once."""
+        self._buffer.record(("step", self._now_ms(), int(step), loss, grad_norm, step_time_ms,
+                             None if grad_norm is None else "trainer"))
+        if nonfinite_number(loss) or nonfinite_number(grad_norm):
+            self._thread.flush_soon()
+
     def record_fields(self, kind: str, fields: dict[str, Any]) -> None:
         """A low-rate sample (``gpu``, ``cuda_memory``) given as its wire fields; any thread."""
         self._buffer.record(("fields", self._now_ms(), kind, fields))
@@ -118,6 +130,11 @@ class Probe:
     def watch(self, optimizer: Any) -> None:
         """Hooks an optimizer: its steps are counted and sampled, norms included."""
         self._hooks.watch(optimizer)
+
+    def step_hook(self) -> Callable[[Any, Any, Any], None]:
+        """The post-step hook ``watch`` registers, for a caller that hooks every optimizer
+        itself (see ``OptimizerHooks.step_hook``)."""
+        return self._hooks.step_hook()
 
     def unwatch(self) -> None:
         """Removes the optimizer hooks (the probe keeps running)."""

@@ -123,6 +123,11 @@ WORKER_FEATURES: dict[str, str] = {
     "grad_syncs_failed_total": "failed gradient syncs since first seen (count)",
     "gpu_oom_total": "out-of-memory errors the CUDA allocator counted since the worker's "
                      "process started (count)",
+    # a platform runtime's latest report (registration or posted runtime sample)
+    "runtime_call_latency_ms": "the runtime's mean call latency (ms)",
+    "runtime_concurrency": "the calls the runtime runs at once (count)",
+    "runtime_call_latency_per_slot_ms": "mean call latency over concurrency (ms)",
+    "runtime_function_calling": "1 when the runtime's agents call functions, else 0",
 }
 
 # Published per pool and per job (``scope`` "pool" or "job"); the window is the event's.

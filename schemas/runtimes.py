@@ -1,13 +1,14 @@
 """The HTTP ingest contract for runtimes that are not Python (agent platforms, services).
 
-A runtime registers once, then posts metric samples; policies reach it by its webhook.
+A runtime registers once, then posts metric samples; policies reach it by its webhook, or
+(``"delivery": "poll"``) it fetches its commands from the gateway and posts their results.
 The probes in endpoint mode (the Python probe's ``dsec.init(endpoint=...)`` and the C
 library ``libdsec_inject.so``) are runtimes too: they post their batches as columns.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, Field, ValidationInfo, field_validator
 
@@ -22,6 +23,8 @@ class RuntimeRegistration(Model):
     mean_call_latency_ms: Annotated[float, Field(ge=0)]
     function_calling: bool
     webhook_url: AnyHttpUrl | None = None
+    # how its commands travel: POSTed to webhook_url, or fetched by the runtime's own poll
+    delivery: Literal["webhook", "poll"] = "webhook"
     job_id: Identifier | None = None  # default: the gateway's job
     node_id: Identifier = "external"
     pool: Identifier | None = None  # the resource pool it runs in

@@ -31,6 +31,7 @@ from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs import finite, worker_features
+from dsec.stream_jobs.runtime_features import runtime_features
 from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution
 from dsec.stream_jobs.worker_state import WorkerState
 
@@ -221,6 +222,8 @@ class MetricsBatch:
             return None
         if "recovery" in frames:
             result.recovery_times_s.append(frames["recovery"]["recovery_time_s"])
+        if "runtime" in frames:
+            update.features.update(runtime_features(frames["runtime"]))
         result.states[worker] = update.state
         for contribution in update.gpus:
             self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)

@@ -10,5 +10,5 @@ HEALTHY = {
     "grad_sync_bytes_per_s": 50e6, "gpu_memory_used_bytes": 5.0 * GIB,
     "gpu_thermal_throttle_events": 0.0, "heartbeat_age_s": 1.0, "worker_lost": 0.0,
     "pool_utilisation_rate": 0.75, "breaker_trips_per_hour": 1.0,
-    "snapshot_recovery_time_s": 2.0,
+    "snapshot_recovery_time_s": 2.0, "runtime_call_latency_ms": 400.0,
 }

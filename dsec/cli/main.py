@@ -23,6 +23,7 @@ from dsec.cli.keys import keys_app
 from dsec.cli.placement import placement_app
 from dsec.cli.policy import policy_app
 from dsec.cli.pool import pool_app
+from dsec.cli.run import RUN_CONTEXT, run_command
 from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -38,6 +39,7 @@ app.add_typer(placement_app, name="placement")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)
+app.command("run", context_settings=RUN_CONTEXT)(run_command)
 app.command("doctor")(doctor_command)
 console = Console()
 err_console = Console(stderr=True)

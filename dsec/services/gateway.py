@@ -1,4 +1,5 @@
-"""The ingest gateway assembled on real Kafka: HTTP app, batch publisher, webhook forwarder."""
+"""The ingest gateway assembled on real Kafka: HTTP app, batch publisher, webhook forwarder,
+and the mailbox of the runtimes that poll for their commands."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from dsec.actuators.webhooks import WebhookForwarder
+from dsec.actuators.results import ResultPublisher
+from dsec.actuators.webhooks import SERVICE, WebhookForwarder
+from dsec.infra.command_mailbox import CommandMailbox, MailboxConfig
 from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.keys import verifier_for
 from dsec.infra.observability.metrics import ProcessMetrics
@@ -16,7 +19,7 @@ from dsec.infra.topics import ensure_topics
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.ingest.gateway_publisher import KafkaBatchPublisher
-from dsec.schemas import topic_names
+from dsec.schemas import ActuationStatus, topic_names
 from dsec.schemas.settings import DsecSettings
 
 
@@ -27,6 +30,7 @@ class GatewayService:
     publisher: KafkaBatchPublisher
     forwarder: WebhookForwarder | None
     _results_producer: Producer | None
+    results_publisher: KafkaBatchPublisher | None = None
 
     def start(self) -> GatewayService:
         if self.forwarder is not None:
@@ -39,6 +43,8 @@ class GatewayService:
             self.forwarder.stop()
         if self._results_producer is not None:
             self._results_producer.flush(10)
+        if self.results_publisher is not None:
+            self.results_publisher.close()
         self.publisher.close()
 
 
@@ -53,9 +59,10 @@ def build_gateway(
         producer_config(settings, client_id="dsec-ingest-gateway"), topics.metrics,
         config.publish_timeout_s, metrics=metrics,
     )
-    gateway = IngestGateway(config, registry, publisher, settings.job_id, metrics=metrics)
     forwarder = None
     results_producer = None
+    mailbox = None
+    results_publisher = None
     if webhooks:
         results_producer = Producer(producer_config(settings, client_id="dsec-gateway-results"))
 
@@ -63,6 +70,15 @@ def build_gateway(
             results_producer.produce(topic, value=value, key=key)
             results_producer.poll(0)
 
+        stale = ResultPublisher(topics.actuation_results, publish, service=SERVICE)
+        mailbox = CommandMailbox(
+            MailboxConfig(max_commands_per_runtime=config.poll_queue_max_commands),
+            on_expired=lambda command: stale.report(
+                command, ActuationStatus.STALE, "expired before the runtime fetched it"))
+        results_publisher = KafkaBatchPublisher(
+            producer_config(settings, client_id="dsec-gateway-runtime-results"),
+            topics.actuation_results, config.publish_timeout_s, metrics=metrics,
+            health_name="kafka-results-publisher")
         forwarder = WebhookForwarder(
             registry, settings.job_id,
             # a first start forwards what comes from now on, not the topic's history
@@ -71,9 +87,12 @@ def build_gateway(
             topics.actuations, topics.actuation_results, verifier_for(settings),
             publish, config.webhook_timeout_s, metrics=metrics,
             max_future_ms=settings.command_max_future_ms(),
-            dead_letters_topic=topics.dead_letters,
+            dead_letters_topic=topics.dead_letters, mailbox=mailbox,
         )
-    return GatewayService(gateway, registry, publisher, forwarder, results_producer)
+    gateway = IngestGateway(config, registry, publisher, settings.job_id, metrics=metrics,
+                            mailbox=mailbox, results=results_publisher)
+    return GatewayService(gateway, registry, publisher, forwarder, results_producer,
+                          results_publisher)
 
 
 def run_gateway(settings: DsecSettings, config: GatewayConfig) -> None:

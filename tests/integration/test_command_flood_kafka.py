@@ -21,6 +21,7 @@ from webhook_server import RecordingWebhook
 
 from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerChannel
 from dsec.actuators.pipeline import DUPLICATE_DETAIL
+from dsec.actuators.webhooks import webhook_command
 from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.keys import signer_for, verifier_for
 from dsec.infra.topics import ensure_topics
@@ -93,7 +94,7 @@ class Webhook(RecordingWebhook):
     def posts_of(self, actuation_id: str) -> list[int]:
         """When each command with ``actuation_id`` was posted (epoch ms)."""
         return [at_ms for at_ms, body in self.received
-                if decode(body, ActuationCommand).actuation_id == actuation_id]
+                if webhook_command(body).actuation_id == actuation_id]
 
 
 @pytest.fixture

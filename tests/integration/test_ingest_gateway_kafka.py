@@ -14,6 +14,7 @@ from confluent_kafka import Consumer
 from gateway_server import RecordingPublisher
 from starlette.testclient import TestClient
 
+from dsec.actuators.webhooks import webhook_command
 from dsec.infra.keys import signer_for
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
@@ -170,7 +171,7 @@ def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> Non
             producer.flush(10)
             time.sleep(1.0)
         assert webhook.bodies, "no command reached the webhook"
-        assert decode(webhook.bodies[0], ActuationCommand).actuation_id in sent
+        assert webhook_command(webhook.bodies[0]).actuation_id in sent
     finally:
         service.close()
         webhook.close()

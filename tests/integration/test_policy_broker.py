@@ -31,6 +31,7 @@ TRIGGERS = {
     "meta-breaker-trips": {"breaker_trips_per_hour": 5.0},
     "meta-snapshot-recovery": {"snapshot_recovery_time_s": 12.0},
     "meta-pool-utilisation": {"pool_utilisation_rate": 0.2},
+    "runtime-latency-backoff": {"runtime_call_latency_ms": 2500.0},
 }
 ACTED = {DecisionKind.FIRED, DecisionKind.STAGED_UP}
 

@@ -59,7 +59,8 @@ def test_init_with_an_endpoint_publishes_through_the_gateway(settings) -> None:
         runtime = dsec.init(worker_id="rank-3", node_id="node-a", settings=settings,
                             probe_config=_fast(), endpoint=gateway.url,
                             endpoint_token=TOKEN)
-        assert runtime.actuator is None  # no Kafka consumer: the worker cannot reach Kafka
+        # no Kafka consumer, the worker cannot reach Kafka: it fetches through the gateway
+        assert runtime.actuator is not None and runtime.actuator.polls
         _train(steps=50, episodes=7)
         counters = dsec.shutdown()
     assert counters is not None

@@ -10,7 +10,7 @@ from gateway_server import RecordingPublisher
 from keys import FORGER, KEYRING, VERIFIER
 from starlette.testclient import TestClient
 
-from dsec.actuators.webhooks import WebhookForwarder, answer_status
+from dsec.actuators.webhooks import WebhookForwarder, answer_status, webhook_command
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
@@ -204,7 +204,7 @@ def test_webhook_forwarder_delivers_checks_and_reports(tmp_path) -> None:
     assert forwarder.handle(encode(_command("someone-else", KEYRING))) is None
     assert forwarder.handle(encode(_command("dify-agent-7", FORGER))) is (
         ActuationStatus.REJECTED)
-    assert len(posted) == 1 and decode(posted[0][1], ActuationCommand) == command
+    assert len(posted) == 1 and webhook_command(posted[0][1]) == command
     assert results[0].detail == "snapshot queued" and results[0].identity.worker_id == (
         "dify-agent-7")
     assert answer_status(500, b"") == (ActuationStatus.FAILED, "webhook answered HTTP 500")
