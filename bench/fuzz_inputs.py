@@ -12,6 +12,7 @@ should not keep (a trailing newline, NUL).
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import json
 import warnings
@@ -96,8 +97,10 @@ def _near_misses(value: Any) -> tuple[Any, ...]:
 
 @st.composite
 def with_defects(draw: st.DrawFn, documents: st.SearchStrategy[Any]) -> Any:
-    """A document from ``documents`` with mostly one defect, sometimes none or two."""
-    document = draw(documents)
+    """A document from ``documents`` with mostly one defect, sometimes none or two. The
+    defects go into a copy: a strategy may hand out the same object again (``just``,
+    ``sampled_from``), and a draw must not change what a later one sees."""
+    document = copy.deepcopy(draw(documents))
     for _ in range(draw(st.sampled_from((0, 1, 1, 1, 2)))):
         slots = list(_slots(document))
         if not slots:
