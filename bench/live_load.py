@@ -4,9 +4,14 @@ with its heartbeat, step samples, episodes, gradient syncs and a GPU reading (bu
 ``dsec.bench.traces``). Every batch has an id of its own, so that what the store holds can
 be matched with what the broker acknowledged.
 
-Run as a process (``python -m dsec.bench.live_load``) it reads the broker and topic
-prefix from the environment (``DSEC_BOOTSTRAP``, ``DSEC_TOPIC_PREFIX``) and prints its
-counters as one JSON line when it ends.
+Workers may also be attached to their node's actuator (``attach``): each registers on the
+node's socket as a worker would and takes its commands at its flushes, as at a step
+boundary. A synthetic worker has nothing to save, so its snapshot hook only answers; it
+has no other hook, and answers every other action ``unsupported``.
+
+Run as a process (``python -m dsec.bench.live_load``) it reads the broker, topic prefix
+and run folder from the environment (``DSEC_BOOTSTRAP``, ``DSEC_TOPIC_PREFIX``,
+``DSEC_RUN_DIR``) and prints its counters as one JSON line when it ends.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from dsec.actuators import ApplyHooks, WorkerChannel
+from dsec.actuators.channel import socket_path
 from dsec.bench.traces import TraceIdentity, grad_norm_decay, reward_variance_jump, slow_grad_sync
 from dsec.infra.kafka_clients import make_producer
-from dsec.schemas import MetricBatch, now_ms, topic_names
+from dsec.schemas import ActionKind, MetricBatch, now_ms, topic_names
 from dsec.schemas.metrics import encode_packed
 from dsec.schemas.settings import DsecSettings
 
@@ -85,10 +92,12 @@ class LiveLoad:
     flushes are spread over the interval, as independent probes' are."""
 
     def __init__(self, settings: DsecSettings, workers: list[TraceIdentity],
-                 profile: LoadProfile) -> None:
+                 profile: LoadProfile, attach: frozenset[str] = frozenset()) -> None:
         self._settings = settings
         self._workers = workers
         self._profile = profile
+        self._attach = attach
+        self._channels: dict[str, WorkerChannel] = {}
         self._topic = topic_names(settings.topic_prefix).metrics
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -96,8 +105,23 @@ class LiveLoad:
         self._thread = threading.Thread(target=self._run, name="dsec-live-load", daemon=True)
 
     def start(self) -> LiveLoad:
+        for ident in self._workers:
+            if ident.worker_id in self._attach:
+                hooks = ApplyHooks()
+                hooks.register(ActionKind.SNAPSHOT, lambda _params: "synthetic: nothing to save")
+                path = socket_path(self._settings.run_directory(), ident.node_id)
+                self._channels[ident.worker_id] = WorkerChannel(ident.worker(), path,
+                                                                hooks).start(0.0)
         self._thread.start()
         return self
+
+    def answers(self) -> dict[str, int]:
+        """What the attached workers answered, by status."""
+        totals: dict[str, int] = {}
+        for channel in self._channels.values():
+            for status, count in channel.results.items():
+                totals[status.value] = totals.get(status.value, 0) + count
+        return totals
 
     def snapshot(self) -> LoadCounters:
         with self._lock:
@@ -132,8 +156,13 @@ class LiveLoad:
                 with self._lock:
                     self.counters.produced_batches += 1
                 producer.poll(0)
+                channel = self._channels.get(ident.worker_id)
+                if channel is not None:
+                    channel.apply_pending()
             index += 1
         producer.flush(MESSAGE_TIMEOUT_MS / 1000)
+        for channel in self._channels.values():
+            channel.stop()
 
     def stop(self, timeout_s: float = 330.0) -> LoadCounters:
         """Stops publishing and waits for every acknowledgement (or failure)."""
@@ -152,14 +181,22 @@ def main() -> None:
     parser.add_argument("--steps-per-flush", type=int, default=25)
     parser.add_argument("--episodes-per-flush", type=int, default=5)
     parser.add_argument("--syncs-per-flush", type=int, default=5)
+    parser.add_argument("--attach-per-node", type=int, default=0,
+                        help="Workers of each node registered on its node actuator.")
     args = parser.parse_args()
     settings = DsecSettings()
     profile = LoadProfile(args.flush_interval_s, args.steps_per_flush,
                           args.episodes_per_flush, args.syncs_per_flush)
-    load = LiveLoad(settings, worker_identities(settings.job_id, args.first, args.workers,
-                                                args.nodes), profile).start()
+    workers = worker_identities(settings.job_id, args.first, args.workers, args.nodes)
+    per_node: dict[str, list[str]] = {}
+    for ident in workers:
+        per_node.setdefault(ident.node_id, []).append(ident.worker_id)
+    attach = frozenset(w for ids in per_node.values() for w in ids[:args.attach_per_node])
+    load = LiveLoad(settings, workers, profile, attach).start()
     time.sleep(args.duration_s)
-    print(json.dumps(load.stop().summary()), flush=True)
+    counters = load.stop().summary()
+    print(json.dumps({**counters, "attached_workers": len(attach),
+                      **{f"answered_{k}": v for k, v in load.answers().items()}}), flush=True)
 
 
 if __name__ == "__main__":
