@@ -108,12 +108,14 @@ class _Soak:
         self.services: dict[str, ServiceProcess] = {}
         self.actuators: list[subprocess.Popen[bytes]] = []
         self.loads: list[subprocess.Popen[bytes]] = []
+        # short, outside the work folder: socket paths are limited
+        self.run_dir = Path(tempfile.mkdtemp(prefix="dsec-soak-run-"))
 
     def start(self) -> DsecSettings:
         bootstrap = self.options.bootstrap or self.kafka.start()  # type: ignore[union-attr]
         settings = DsecSettings(bootstrap=bootstrap, topic_prefix=f"soak{uuid.uuid4().hex[:8]}",
                                 job_id="soak", data_dir=self.work / "data",
-                                run_dir=Path(tempfile.mkdtemp(prefix="dsec-soak-run-")),
+                                run_dir=self.run_dir,
                                 metrics_port=0)
         ensure_topics(settings)
         self.env = {**os.environ, **signing_env(settings), "DSEC_BOOTSTRAP": bootstrap,
@@ -180,6 +182,7 @@ class _Soak:
             service.stop()
         if self.kafka is not None:
             self.kafka.stop()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _store_counts(settings: DsecSettings) -> dict[str, object]:
