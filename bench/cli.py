@@ -110,6 +110,65 @@ def fuzz(
         raise typer.Exit(1)
 
 
+@bench_app.command("faults")
+def faults(
+    workers: Annotated[int, typer.Option(min=1, help="Synthetic workers publishing.")] = 8,
+    warmup_s: Annotated[float, typer.Option(min=0.0, help="Steady load before the first kill."
+                                            )] = 15.0,
+    heap_mb: Annotated[int, typer.Option(min=256, help="Java heap of each Kafka node.")] = 384,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Three Kafka nodes under probe load: kill -9 the metrics leader, then the active
+    controller, then the stream jobs, each restarted; samples sent, stored, lost, doubled
+    and the time until the pipeline caught up. Exits 1 when a sample was lost or doubled."""
+    from dsec.bench.faults import FaultsBenchError, FaultsOptions, run_faults_bench
+
+    try:
+        result = run_faults_bench(FaultsOptions(workers=workers, warmup_s=warmup_s,
+                                                heap_mb=heap_mb),
+                                  say=lambda line: typer.echo(line, err=True))
+    except FaultsBenchError as exc:
+        typer.echo(f"dsec bench faults failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    if result["samples_lost"] or result["samples_doubled"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("soak")
+def soak(
+    workers: Annotated[int, typer.Option(min=1, help="Synthetic workers.")] = 1000,
+    duration_s: Annotated[float, typer.Option(min=10.0, help="How long they publish.")] = 600.0,
+    load_processes: Annotated[int, typer.Option(min=1, help="Processes publishing for them."
+                                                )] = 4,
+    actuator_nodes: Annotated[int, typer.Option(min=0, help="Nodes with a node actuator.")
+                              ] = 8,
+    sample_interval_s: Annotated[float, typer.Option(min=1.0, help="RSS and lag every ...")
+                                 ] = 10.0,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Many workers at real probe rates through the whole stack: each service's RSS and
+    each group's lag over time, samples in and stored, commands emitted and answered.
+    Exits 1 when a sample was lost or doubled, or a service's RSS grew after warm-up."""
+    from dsec.bench.soak import SoakBenchError, SoakOptions, run_soak
+
+    options = SoakOptions(workers=workers, duration_s=duration_s,
+                          load_processes=load_processes, actuator_nodes=actuator_nodes,
+                          sample_interval_s=sample_interval_s, bootstrap=bootstrap)
+    try:
+        result = run_soak(options, say=lambda line: typer.echo(line, err=True))
+    except SoakBenchError as exc:
+        typer.echo(f"dsec bench soak failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    print(json.dumps(result) if as_json else json.dumps(result, indent=2))
+    if result["samples_lost"] or result["samples_doubled"] or not result["rss_flat"]:
+        raise typer.Exit(1)
+
+
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 

@@ -1,7 +1,8 @@
-"""A real single-node Apache Kafka broker (KRaft) assembled from Maven Central.
+"""A real Apache Kafka broker+controller node (KRaft) assembled from Maven Central.
 
 The jars are resolved once with Maven into a cache folder; each broker gets its
-own data folder, formatted storage and loopback ports (chosen or free). With ``auth``
+own data folder, formatted storage and loopback ports (chosen or free). Alone it is a
+single-node cluster; ``infra/kafka_cluster.py`` joins several into one quorum. With ``auth``
 every client authenticates with SASL/SCRAM-SHA-512 and the KRaft ``StandardAuthorizer``
 allows it only what its ACLs say (the admin, a super user, excepted).
 """
@@ -137,7 +138,12 @@ class BrokerAuth:
 
 @dataclass
 class LocalKafka:
-    """One KRaft broker+controller on loopback; ``start()`` returns the bootstrap."""
+    """One KRaft broker+controller; ``start()`` returns the bootstrap.
+
+    ``host`` is the address clients reach it on (listened on and advertised): loopback,
+    or a veth address that a network namespace can reach. ``quorum_voters`` (``id@host:port``,
+    comma-separated) and ``cluster_id`` make it one node of a cluster; ``internal_replicas``
+    is the replication of the broker's own topics (consumer offsets, transactions)."""
 
     data_dir: Path
     port: int = 0
@@ -146,32 +152,48 @@ class LocalKafka:
     start_timeout_s: float = 90.0
     cache_dir: Path | None = None
     auth: BrokerAuth | None = None
+    host: str = "127.0.0.1"
+    node_id: int = 1
+    quorum_voters: str | None = None
+    cluster_id: str | None = None
+    internal_replicas: int = 1
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's JVM while it runs."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
 
     def _write_config(self) -> Path:
         log_dir = self.data_dir / "log"
         listener = "CLIENT" if self.auth is not None else "PLAINTEXT"
+        voters = self.quorum_voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
+        replicas = str(self.internal_replicas)
+        # Writes to the broker's own topics survive one node down when there are three.
+        min_isr = str(max(1, self.internal_replicas - 1))
         properties = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"{listener}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"{listener}://{self.host}:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{listener}://{self.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(log_dir),
             "num.partitions": "3",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             **(self.auth.properties() if self.auth is not None else {}),
@@ -193,6 +215,13 @@ class LocalKafka:
         ]
 
     def start(self) -> str:
+        self.launch()
+        self.wait_ready()
+        return self.bootstrap
+
+    def launch(self) -> None:
+        """Starts the JVM without waiting: the nodes of a cluster wait for each other's
+        votes, so all of them are launched before any is waited for."""
         lib_dir = fetch_jars(self.cache_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
@@ -202,7 +231,7 @@ class LocalKafka:
         config_path = self._write_config()
         formatted = (self.data_dir / "log" / "meta.properties").exists()
         if not formatted:
-            cluster_id = uuid.uuid4().hex[:22]
+            cluster_id = self.cluster_id or uuid.uuid4().hex[:22]
             fmt = subprocess.run(
                 self._java_command(lib_dir, "kafka.tools.StorageTool", "format",
                                    "-t", cluster_id, "-c", str(config_path),
@@ -217,18 +246,17 @@ class LocalKafka:
                 self._java_command(lib_dir, "kafka.Kafka", str(config_path)),
                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
-        self._wait_ready(console)
-        return self.bootstrap
 
-    def _wait_ready(self, console: Path) -> None:
+    def wait_ready(self) -> None:
         from confluent_kafka.admin import AdminClient
 
+        console = self.data_dir / "broker.out"
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise KafkaLocalError("broker exited during start", console)
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.host, self.port), timeout=0.5):
                     pass
                 admin = AdminClient(self.client_config())
                 metadata = admin.list_topics(timeout=2)

@@ -16,13 +16,23 @@ log = logging.getLogger(__name__)
 _NOT_OURS = ("TOPIC_ALREADY_EXISTS", "TOPIC_AUTHORIZATION_FAILED")
 
 
+def min_insync_replicas(replication_factor: int) -> int:
+    """Acknowledged writes are on two nodes when there are three replicas: one node may
+    die, and a write still lands or fails without loss."""
+    return max(1, min(2, replication_factor - 1))
+
+
 def ensure_topics(
     settings: DsecSettings,
     partitions: int | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     timeout_s: float = 30.0,
 ) -> list[str]:
-    """Creates every missing topic; ``partitions`` overrides the defaults, except compacted."""
+    """Creates every missing topic; ``partitions`` overrides the defaults, except compacted;
+    ``replication_factor`` defaults to ``settings.replication_factor``."""
+    replicas = replication_factor or settings.replication_factor
+    insync = ({"min.insync.replicas": str(min_insync_replicas(replicas))}
+              if replicas > 1 else {})
     admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = []
@@ -31,7 +41,7 @@ def ensure_topics(
         if name in existing:
             continue
         count = spec.partitions if (partitions is None or spec.compacted) else partitions
-        wanted.append(NewTopic(name, count, replication_factor, config=spec.config()))
+        wanted.append(NewTopic(name, count, replicas, config={**spec.config(), **insync}))
     created: list[str] = []
     if not wanted:
         return created
@@ -53,9 +63,12 @@ def ensure_changelog_topics(
     """Faust table changelogs, made before Faust starts: a changelog Faust creates itself
     can be missing from the first metadata it reads, and its agent then stalls."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_security()})
+    replicas = settings.replication_factor
+    config = {"cleanup.policy": "compact"}
+    if replicas > 1:
+        config["min.insync.replicas"] = str(min_insync_replicas(replicas))
     wanted = [
-        NewTopic(f"{app_id}-{table}-changelog", partitions, 1,
-                 config={"cleanup.policy": "compact"})
+        NewTopic(f"{app_id}-{table}-changelog", partitions, replicas, config=config)
         for table in tables
     ]
     for future in admin.create_topics(wanted, request_timeout=30).values():

@@ -393,22 +393,35 @@ def kafka_run(
     acls: Annotated[bool, typer.Option(
         help="SASL/SCRAM and the StandardAuthorizer: a user per dsec part with only its "
              "ACLs (credentials in <data dir>/kafka/users.json).")] = False,
+    brokers: Annotated[int, typer.Option(
+        min=1, max=5, help="KRaft nodes (broker and controller each, on free ports); with "
+                           "3 or more, topics are replicated 3 times, min.insync.replicas 2."
+    )] = 1,
+    heap_mb: Annotated[int, typer.Option(min=256, help="Java heap of each node.")] = 768,
 ) -> None:
     """Run the local KRaft broker with dsec's topics until Ctrl-C (for DSEC_TEST_BOOTSTRAP)."""
     import signal
 
+    from dsec.infra.kafka_cluster import LocalKafkaCluster
     from dsec.infra.kafka_local import KAFKA_VERSION, BrokerAuth, LocalKafka
     from dsec.infra.stop_signals import StopSignals
     from dsec.infra.topics import ensure_topics
 
+    if brokers > 1 and (acls or port):
+        raise typer.BadParameter("--acls and --port are for a single broker",
+                                 param_hint="--brokers")
     settings = _settings(data_dir=data_dir)
-    broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port,
-                        auth=BrokerAuth() if acls else None)
+    kafka_dir = settings.data_dir.resolve() / "kafka"
+    broker: LocalKafka | LocalKafkaCluster = (
+        LocalKafka(data_dir=kafka_dir, port=port, heap_mb=heap_mb,
+                   auth=BrokerAuth() if acls else None) if brokers == 1
+        else LocalKafkaCluster(data_dir=kafka_dir, brokers=brokers, heap_mb=heap_mb))
     stop = StopSignals((signal.SIGTERM,))
     try:
         bootstrap = broker.start()
-        update: dict[str, object] = {"bootstrap": bootstrap}
-        if broker.auth is not None:
+        update: dict[str, object] = {"bootstrap": bootstrap,
+                                     "replication_factor": min(3, brokers)}
+        if isinstance(broker, LocalKafka) and broker.auth is not None:
             update |= {"kafka_security_protocol": "SASL_PLAINTEXT",
                        "kafka_sasl_mechanism": "SCRAM-SHA-512",
                        "kafka_sasl_username": broker.auth.admin_user,
