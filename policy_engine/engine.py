@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
+from dsec.policy_engine.feature_memory import FeatureMemory, FeatureView, KnownFeatures
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
@@ -49,10 +50,14 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def render_alert(template: str, spec: PolicySpec, event: FeatureEvent) -> str:
-    """Substitutes ``{name}`` from identity, tags and parameters; nothing else is run."""
+def render_alert(template: str, spec: PolicySpec, event: FeatureEvent,
+                 features: dict[str, float] | None = None) -> str:
+    """Substitutes ``{name}`` from identity, tags, the features the condition saw
+    (``features``, else the event's) and parameters; nothing else is run."""
+    seen = event.features if features is None else features
     values = {
         **{k: _number(v) for k, v in spec.params.items()},
+        **{k: _number(v) for k, v in seen.items()},
         **event.tags,
         "job_id": event.identity.job_id,
         "worker_id": event.identity.worker_id,
@@ -86,10 +91,13 @@ class Engine:
         states: MutableMapping[str, PolicyState],
         knobs: MutableMapping[str, KnobEntry],
         signing_key: bytes,
+        known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
+        """``known``: each target's last known features (see ``FeatureMemory``)."""
         self.registry = registry
         self.states = states
         self.knobs = knobs
+        self.memory = FeatureMemory({} if known is None else known)
         self._knobs = KnobBoard(knobs, registry)
         self._signing_key = signing_key
         self._reported: set[tuple[str, int]] = set()
@@ -103,15 +111,12 @@ class Engine:
             return out
         policies = self.registry.active()
         names = frozenset().union(*(p.feature_names for p in policies))
-        columns = {
-            name: np.fromiter((e.features.get(name, np.nan) for e in events), float, rows)
-            for name in names
-        }
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
+        view = self.memory.view(events, targets, names)
         self._budget.forget_before(max(e.event_time_ms for e in events))
         for policy in policies:
             try:
-                self._evaluate_policy(policy, events, targets, columns, out)
+                self._evaluate_policy(policy, events, targets, view, out)
             except Exception as exc:  # one broken policy must not stop the others
                 log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
                 self._report(policy, f"{type(exc).__name__}: {exc}", out)
@@ -136,18 +141,19 @@ class Engine:
 
     def _evaluate_policy(
         self, policy: CompiledPolicy, events: Sequence[FeatureEvent], targets: list[str],
-        columns: dict[str, np.ndarray], out: EngineOutput,
+        view: FeatureView, out: EngineOutput,
     ) -> None:
         spec, rows = policy.spec, len(events)
-        # A feature event carries the features its input batch updated. One that carries
-        # none of this policy's features says nothing about it: its state (a ``for:``
-        # timer, a stage, a hold) stays as it was instead of being reset by a row whose
-        # condition is an error for want of data.
-        informed = np.zeros(rows, dtype=bool)
-        for name in policy.feature_names:
-            informed |= ~np.isnan(columns[name])
+        # A feature event carries the features its input batch updated; the others keep
+        # the target's last known values. An event that carries none of this policy's
+        # features says nothing new about it, and a condition that cannot be told for want
+        # of a feature (never reported, or older than ``max_age_s``) is not false: in both
+        # cases the policy's state (a ``for:`` timer, a stage, a hold) stays as it was.
+        informed = view.informed(policy.feature_names)
+        columns = view.columns(policy.feature_names, spec.max_age_s)
         scoped = {**columns, **{k: np.full(rows, v) for k, v in spec.params.items()}}
-        enter = policy.enter.holds(scoped, rows)
+        enter, known = policy.enter.evaluate(scoped, rows)
+        informed &= known
         exit_ = policy.exit.holds(scoped, rows) if policy.exit is not None else ~enter
         climb = [c.holds(scoped, rows) if c is not None else None
                  for c in policy.stage_conditions]
@@ -179,19 +185,23 @@ class Engine:
                 else:
                     states[key] = new
             if kind is not None:
-                self._act(policy, event, old, new, kind, out)
+                self._act(policy, event, old, new, kind, view.seen(row, policy.feature_names),
+                          out)
 
     def _act(
         self, policy: CompiledPolicy, event: FeatureEvent, old: PolicyState,
-        new: PolicyState, kind: DecisionKind, out: EngineOutput,
+        new: PolicyState, kind: DecisionKind, seen: dict[str, tuple[float, float]],
+        out: EngineOutput,
     ) -> None:
+        """``seen``: the values the condition saw, by name, with their ages in seconds."""
         spec = policy.spec
         detail = ", ".join(
-            f"{name}={event.features[name]:g}"
-            for name in sorted(policy.feature_names) if name in event.features
+            f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
+            for name, (value, age_s) in seen.items()
         )
         if spec.alert:
-            detail = f"alert {render_alert(spec.alert, spec, event)}; {detail}"
+            values = {name: value for name, (value, _age_s) in seen.items()}
+            detail = f"alert {render_alert(spec.alert, spec, event, values)}; {detail}"
 
         def audit(decision: DecisionKind, stage: int, text: str,
                   actuation: str | None = None) -> None:

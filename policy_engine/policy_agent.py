@@ -1,10 +1,11 @@
 """The policy agent as a stage, without Faust or a broker: feature records in; commands,
 audit records, tuned policies and dead letters out, in the order they are to be published.
 
-Per (policy, target) state and per (target, knob) ownership live in the mappings it is
-given (Faust tables in the stream job, dicts in tests), so a restarted engine neither
-forgets a pending ``for:`` timer or a staged policy nor fires twice; command ids derive
-from their cause, so a replayed event repeats the same id. The engine runs on the
+Per (policy, target) state, per (target, knob) ownership and per target last known
+features live in the mappings it is given (Faust tables in the stream job, dicts in
+tests), so a restarted engine neither forgets a pending ``for:`` timer or a staged policy
+nor fires twice; command ids derive from their cause, so a replayed event repeats the
+same id. The engine runs on the
 features' event times alone: no wall clock is read here.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.knobs import KnobEntry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import (
@@ -80,12 +82,14 @@ class PolicyAgent:
         knobs: MutableMapping[str, KnobEntry],
         signing_key: bytes,
         policies_from_offset: int = 0,
+        known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
         """``registry`` holds the built-in pack and the policies topic read up to
-        ``policies_from_offset``; ``load_policy`` takes the topic on from there."""
+        ``policies_from_offset``; ``load_policy`` takes the topic on from there.
+        ``known``: each target's last known features (a dict when not given)."""
         self.topics = topics
         self.registry = registry
-        self.engine = Engine(registry, states, knobs, signing_key)
+        self.engine = Engine(registry, states, knobs, signing_key, known)
         self.policies_from_offset = policies_from_offset
         self.counters = EngineCounters()
 

@@ -4,12 +4,13 @@ with the same engine the stream job runs, and report what they would have done."
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
 from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, decode, sign
 
@@ -33,10 +34,13 @@ def read_trace(path: Path) -> Iterator[FeatureEvent]:
 
 
 def replay(
-    policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1
+    policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1,
+    known: MutableMapping[str, KnownFeatures] | None = None,
 ) -> Replay:
     """Event-time order, ``batch_size`` events per evaluation; a meta-policy's new
-    versions take effect at once, as they would once back from the policies topic."""
+    versions take effect at once, as they would once back from the policies topic.
+    ``known``: the targets' last known features to start from and to keep (a fresh
+    memory when not given)."""
     key = secrets.token_bytes(32)  # offline: the policies are trusted as given
     registry = PolicyRegistry(key)
     for policy in policies:
@@ -44,7 +48,7 @@ def replay(
         if decision is not None and decision.decision == "policy_rejected":
             raise PolicyRejected(f"{policy.name}: {decision.detail}")
     result = Replay()
-    engine = Engine(registry, result.states, {}, key)
+    engine = Engine(registry, result.states, {}, key, known)
     ordered = sorted(events, key=lambda e: e.event_time_ms)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start:start + batch_size]
