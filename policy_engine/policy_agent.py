@@ -5,8 +5,7 @@ Per (policy, target) state, per (target, knob) ownership and per target last kno
 features live in the mappings it is given (Faust tables in the stream job, dicts in
 tests), so a restarted engine neither forgets a pending ``for:`` timer or a staged policy
 nor fires twice; command ids derive from their cause, so a replayed event repeats the
-same id. The engine runs on the
-features' event times alone: no wall clock is read here.
+same id. The engine runs on the features' event times alone: no wall clock is read here.
 """
 
 from __future__ import annotations
