@@ -34,6 +34,7 @@ from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
+from dsec.stream_jobs.card_agent import CARD_JOB_TABLES, register_card_job
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -218,13 +219,16 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         )
         services_by_topic: dict[str, str] = {}
         if "stream-jobs" in options.services:
-            ensure_changelog_topics(settings, app.conf.id, list(METRICS_JOB_TABLES),
+            ensure_changelog_topics(settings, app.conf.id,
+                                    [*METRICS_JOB_TABLES, *CARD_JOB_TABLES],
                                     app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
                 metrics=metrics, event_times=settings.event_time_window(),
             )
-            services_by_topic[topics.metrics] = "stream-jobs"
+            register_card_job(app, topics)
+            services_by_topic.update({topics.metrics: "stream-jobs",
+                                      topics.gpu_cards: "stream-jobs"})
         if "policy-engine" in options.services:
             register_policy_engine(app, settings, metrics=metrics)
             services_by_topic.update({topics.features: "policy-engine",
