@@ -111,7 +111,7 @@ def list_policies(
     settings = DsecSettings()
     key = settings.signing_key_bytes()
     registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
-    builtin = {p.name for p in load_builtin_policies()}
+    builtin = {p.name: p.version for p in load_builtin_policies()}
     for policy in load_builtin_policies(key, settings.policy_params,
                                         dry_run=settings.policy_dry_run):
         registry.install(policy)
@@ -123,7 +123,7 @@ def list_policies(
     rows = [{
         "name": c.spec.name, "version": c.spec.version,
         "versions": registry.versions(c.spec.name),
-        "source": "built-in" if c.spec.name in builtin and c.spec.version == 1 else "topic",
+        "source": "built-in" if builtin.get(c.spec.name) == c.spec.version else "topic",
         "priority": c.spec.priority, "dry_run": c.spec.dry_run,
         "vectorised": c.enter.vectorised, "description": c.spec.description,
     } for c in registry.active()]
