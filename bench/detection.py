@@ -120,12 +120,12 @@ def _stored(settings: DsecSettings, jobs: Sequence[str], since_ms: int,
     """(firings, commands) of the real-time part, and the firings of the history before."""
     names = ", ".join(f"'{job}'" for job in jobs)
     decisions = query(settings, f"""
-        SELECT toUnixTimestamp64Milli(event_time), policy_name, job_id, worker_id
+        SELECT toUnixTimestamp64Milli(event_time), policy_name, job_id, worker_id, detail
         FROM policy_decisions WHERE decision = 'fired' AND job_id IN ({names})""")["rows"]
     commands = query(settings, f"""
         SELECT toUnixTimestamp64Milli(event_time), policy_name, job_id, worker_id
         FROM actuations WHERE job_id IN ({names})""")["rows"]
-    fired = [Firing(int(t), p, j, w) for t, p, j, w in decisions]
+    fired = [Firing(int(t), p, j, w, d) for t, p, j, w, d in decisions]
     sent = [Firing(int(t), p, j, w) for t, p, j, w in commands]
     within = [f for f in fired if since_ms <= f.time_ms <= until_ms]
     before = [f for f in fired if f.time_ms < since_ms]
@@ -169,6 +169,7 @@ def run_detection_bench(options: DetectionBenchOptions) -> dict:
                           metrics_topic, speed=1.0)
         producer.flush(60)
         lag_at_end_s = (now_ms() - end_ms) / 1000.0
+        del producer  # closed before the broker stops
         _drain(settings, options.drain_timeout_s, work)
         firings, commands, history = _stored(settings, list(labels), start_ms, end_ms)
     finally:

@@ -1,20 +1,20 @@
 """The detection bench's figures from labels and stored decisions: pure functions, no I/O.
 
 A firing is a ``fired`` decision (a one-shot policy's command, or a staged policy's first
-stage; its records for each action of the stage count once). One that names a target of a fault of the policy's class between the fault's
-onset and its label's end detects it; any other firing of any policy is a false one,
-except the routine ``periodic-snapshot``. Per class and overall: precision (firings that
-detect over all firings), recall (targets detected over targets whose signal existed in
-the run), F1, and the detection latency from the signal (and from the onset), p50 and
-p95. A command is corrective on a healthy worker when it names a worker that no fault
-covers at that time.
+stage; its records for each action of the stage count once). One that names a target of
+a fault of the policy's class between the fault's onset and its label's end detects it;
+any other firing of any policy is a false one, except the routine ``periodic-snapshot``.
+Per class and overall: precision (firings that detect over all firings), recall (targets
+detected over targets whose signal existed in the run), F1, and the detection latency
+from the signal (and from the onset), p50 and p95. A command is corrective on a healthy
+worker when it names a worker that no fault covers at that time.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,7 @@ class Firing:
     policy: str
     job_id: str
     worker_id: str
+    detail: str = field(default="", compare=False)  # what the decision saw
 
 
 def _percentiles_s(values_ms: Sequence[float]) -> dict[str, float | None]:
@@ -68,6 +69,7 @@ def score(labels: Mapping[str, Sequence[FaultLabel]], firings: Iterable[Firing],
                      "true_firings": 0, "latency_ms": [], "latency_from_onset_ms": []}
                  for c in CLASS_POLICY}
     other = Counter()
+    false_firings: list[Firing] = []
     first_detection: dict[tuple[str, int, str], int] = {}
     # A staged policy audits each action of its stage: one firing, however many records.
     for firing in sorted(set(firings), key=lambda f: (f.time_ms, f.policy, f.worker_id)):
@@ -76,6 +78,7 @@ def score(labels: Mapping[str, Sequence[FaultLabel]], firings: Iterable[Firing],
         fault_class = _CLASS_OF.get(firing.policy)
         if fault_class is None:
             other[firing.policy] += 1
+            false_firings.append(firing)
             continue
         figures = per_class[fault_class]
         figures["firings"] += 1
@@ -86,6 +89,8 @@ def score(labels: Mapping[str, Sequence[FaultLabel]], firings: Iterable[Firing],
                 first_detection.setdefault((firing.job_id, index, firing.worker_id),
                                            firing.time_ms)
                 break
+        else:
+            false_firings.append(firing)
     missed = []
     for job_id, job_labels in labels.items():
         for index, label in enumerate(job_labels):
@@ -145,6 +150,9 @@ def score(labels: Mapping[str, Sequence[FaultLabel]], firings: Iterable[Firing],
         "corrective_commands_on_healthy_workers_by_policy": dict(healthy),
         "faults": len(every_label),
         "missed": missed,
+        "false_firings": [{"time_ms": f.time_ms, "policy": f.policy, "job_id": f.job_id,
+                           "worker_id": f.worker_id, "detail": f.detail}
+                          for f in false_firings],
     }
 
 

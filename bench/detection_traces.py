@@ -218,7 +218,9 @@ class _Worker:
     def _every_second(self, a_ms: int, b_ms: int, out: dict) -> None:
         for t in range(-(-a_ms // 1000) * 1000, b_ms, 1000):
             own = self.own_memory_bytes(t)
-            if own > CEILING_BYTES and self.faults.leak_from_ms is not None:
+            # What the probe reports as the process's: NVML's figure counts its context.
+            reported = own + (CONTEXT_BYTES if self.samples_nvml else 0)
+            if reported > CEILING_BYTES and self.faults.leak_from_ms is not None:
                 self.trace.signal("memory_leak", self.worker_id, t)
             cuda = out.setdefault("cuda_memory", _columns(
                 "event_time_ms", "device_index", "allocated_bytes", "reserved_bytes",

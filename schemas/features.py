@@ -75,9 +75,10 @@ WORKER_FEATURES: dict[str, str] = {
     "episode_length_cv": "coefficient of variation of the episode length (ratio)",
     "episode_same_end_streak": "consecutive episodes that ended with the same reason (count)",
     "episode_end_streak_chance_per_h": "how often per hour a run that long of that ending "
-                                       "would come by chance: its share of the worker's last "
-                                       "200 endings before the run (Jeffreys estimate) to the "
-                                       "run's length, times the worker's episodes per hour",
+                                       "would come by chance: the ending's largest likely "
+                                       "share (95 % upper bound) of the worker's last 200 "
+                                       "endings before the run, to the run's length, times "
+                                       "the worker's episodes per hour",
     "grad_norm": "latest gradient L2 norm",
     "grad_norm_log_slope": "least-squares slope of log(grad norm) against step (1/step)",
     "grad_norm_jumps": "swings of the gradient norm by 20x or more between consecutive "

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["f_tail", "incomplete_beta", "per_hour", "streak_probability"]
+__all__ = [
+    "f_tail", "incomplete_beta", "per_hour", "share_upper_bound", "streak_probability",
+]
 
 _EPSILON = 3e-16
 _TINY = 1e-300
@@ -62,13 +64,30 @@ def f_tail(ratio: float, dof_num: int, dof_den: int) -> float:
     return incomplete_beta(dof_den / 2.0, dof_num / 2.0, dof_den / (dof_den + dof_num * ratio))
 
 
+def share_upper_bound(count: int, seen: int, confidence: float = 0.95) -> float:
+    """The largest share of a kind of event still likely given ``count`` of them in
+    ``seen`` (the one-sided Clopper-Pearson bound: below it, so few would have come with
+    probability under 1 - ``confidence``). Never 0, and large while ``seen`` is small."""
+    if count >= seen:
+        return 1.0
+    low, high = count / seen, 1.0
+    for _ in range(60):
+        share = (low + high) / 2.0
+        # P(at most ``count`` in ``seen``) at this share
+        at_most = incomplete_beta(seen - count, count + 1, 1.0 - share)
+        if at_most > 1.0 - confidence:
+            low = share
+        else:
+            high = share
+    return high
+
+
 def streak_probability(count_before: int, seen_before: int, streak: int) -> float:
     """The chance of ``streak`` endings in a row of a kind the worker had ``count_before``
-    times in its ``seen_before`` endings before the streak: its share by Jeffreys'
-    estimate ((count + 1/2) / (seen + 1), never 0 for an ending not seen yet), raised to
-    the streak's length."""
-    share = (count_before + 0.5) / (seen_before + 1.0)
-    return share ** streak
+    times in its ``seen_before`` endings before the streak, at the largest share of that
+    kind its history allows (``share_upper_bound``): a worker with little history, or one
+    whose ending was merely not seen yet, is not taken for stuck."""
+    return share_upper_bound(count_before, seen_before) ** streak
 
 
 def per_hour(probability: float, events_per_hour: float) -> float:

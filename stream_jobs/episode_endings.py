@@ -4,7 +4,9 @@ A run of one ending says little by itself: where most healthy episodes end by ti
 or truncation, three in a row come all the time. What marks a worker stuck (three
 collisions at the same place) is an ending it seldom has, again and again. So each run is
 judged against the worker's own endings before the run began, as the chance of such a
-run per hour at the worker's rate of episodes (``chance.streak_probability``).
+run per hour at the worker's rate of episodes, at the largest share of that ending its
+history allows (``chance.streak_probability``): little history, or an ending merely not
+seen yet, needs a longer run.
 """
 
 from __future__ import annotations

@@ -63,12 +63,15 @@ def test_a_run_of_common_endings_is_nothing_and_a_rare_one_repeated_is_stuck() -
     common = updates[-1].features
     assert common["episode_same_end_streak"] >= 3
     assert common["episode_end_streak_chance_per_h"] > 1.0  # many times an hour
-    _state, updates = _run(_episodes([*healthy, *["collision_at_3_4"] * 4]))
-    chances = [u.features["episode_end_streak_chance_per_h"] for u in updates[-4:]]
+    _state, updates = _run(_episodes([*healthy, *["collision_at_3_4"] * 5]))
+    chances = [u.features["episode_end_streak_chance_per_h"] for u in updates[-5:]]
     assert chances == sorted(chances, reverse=True)  # each repeat makes it rarer
-    # 60 endings before it, none of them this one, 180 episodes an hour
-    expected = (0.5 / 61) ** 3 * 180
-    assert chances[2] == pytest.approx(expected, rel=1e-3) and chances[2] < 1e-3
+    # 60 endings before it, none of them this one: a share of 4.9 % at most (the 95 %
+    # bound: 0.95 ** 60 = 0.05), three in a row, 180 episodes an hour
+    assert chance.share_upper_bound(0, 60) == pytest.approx(1 - 0.05 ** (1 / 60))
+    expected = (1 - 0.05 ** (1 / 60)) ** 3 * 180
+    assert chances[2] == pytest.approx(expected, rel=1e-6)
+    assert chances[4] < 1e-3  # the fifth in a row: under once in 1000 worker-hours
 
 
 def test_no_chance_is_told_before_enough_endings() -> None:
