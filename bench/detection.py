@@ -116,8 +116,9 @@ def _drain(settings: DsecSettings, timeout_s: float, work: Path) -> None:
 
 
 def _stored(settings: DsecSettings, jobs: Sequence[str], since_ms: int,
-            until_ms: int) -> tuple[list[Firing], list[Firing], list[Firing]]:
-    """(firings, commands) of the real-time part, and the firings of the history before."""
+            until_ms: int) -> tuple[list[Firing], list[Firing], list[Firing], int]:
+    """(firings, commands) of the real-time part, the firings of the history before, and
+    the most suppressed-decision records of any one worker."""
     names = ", ".join(f"'{job}'" for job in jobs)
     decisions = query(settings, f"""
         SELECT toUnixTimestamp64Milli(event_time), policy_name, job_id, worker_id, detail
@@ -126,10 +127,15 @@ def _stored(settings: DsecSettings, jobs: Sequence[str], since_ms: int,
         SELECT toUnixTimestamp64Milli(event_time), policy_name, job_id, worker_id
         FROM actuations WHERE job_id IN ({names})""")["rows"]
     fired = [Firing(int(t), p, j, w, d) for t, p, j, w, d in decisions]
+    suppressed = query(settings, f"""
+        SELECT max(records) FROM (SELECT count() AS records FROM policy_decisions
+        WHERE decision LIKE 'suppressed%' AND job_id IN ({names}) GROUP BY job_id, worker_id)
+        """)["rows"]
     sent = [Firing(int(t), p, j, w) for t, p, j, w in commands]
     within = [f for f in fired if since_ms <= f.time_ms <= until_ms]
     before = [f for f in fired if f.time_ms < since_ms]
-    return within, [c for c in sent if since_ms <= c.time_ms <= until_ms], before
+    return (within, [c for c in sent if since_ms <= c.time_ms <= until_ms], before,
+            int(suppressed[0][0] or 0) if suppressed else 0)
 
 
 def run_detection_bench(options: DetectionBenchOptions) -> dict:
@@ -171,7 +177,8 @@ def run_detection_bench(options: DetectionBenchOptions) -> dict:
         lag_at_end_s = (now_ms() - end_ms) / 1000.0
         del producer  # closed before the broker stops
         _drain(settings, options.drain_timeout_s, work)
-        firings, commands, history = _stored(settings, list(labels), start_ms, end_ms)
+        firings, commands, history, suppressed_max = _stored(settings, list(labels), start_ms,
+                                                             end_ms)
     finally:
         if stack is not None:
             stop_process(stack)
@@ -182,6 +189,7 @@ def run_detection_bench(options: DetectionBenchOptions) -> dict:
     return {
         **scored,
         "history_firings": len([f for f in history if f.policy != "periodic-snapshot"]),
+        "suppressed_records_per_worker_max": suppressed_max,
         "traces": [{"job_id": t.spec.job_id, "shape": t.spec.shape, "seed": t.spec.seed,
                     "held_out": t.spec.shape not in TUNING_SHAPES
                     and t.spec.seed not in TUNING_SEEDS,
