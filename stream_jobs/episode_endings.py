@@ -17,7 +17,8 @@ from dsec.stream_jobs import chance
 
 __all__ = ["EPISODES_PER_HOUR_MIN_SPAN_MS", "end_features", "episodes_per_hour", "next_streak"]
 
-# A rate of episodes is told from the span of at least this much time.
+# The span a rate of episodes is told over is at least this long, so that a burst of
+# episodes (all in one message) still gives a rate, and a finite one.
 EPISODES_PER_HOUR_MIN_SPAN_MS = 1_000
 
 
@@ -35,9 +36,7 @@ def episodes_per_hour(times_ms: Sequence[int]) -> float | None:
     """The worker's rate of episodes over the ones given (their end times, oldest first)."""
     if len(times_ms) < 2:
         return None
-    span_ms = times_ms[-1] - times_ms[0]
-    if span_ms < EPISODES_PER_HOUR_MIN_SPAN_MS:
-        return None
+    span_ms = max(times_ms[-1] - times_ms[0], EPISODES_PER_HOUR_MIN_SPAN_MS)
     return (len(times_ms) - 1) * 3_600_000.0 / span_ms
 
 
