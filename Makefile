@@ -3,9 +3,14 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup tools demo test test-fast bench lint up clean
+.PHONY: setup native tools demo test test-fast bench lint up clean
 
-setup: $(VENV)/.installed $(VENV)/.kafka-jars
+setup: $(VENV)/.installed $(VENV)/.kafka-jars native
+
+# libdsec_inject.so and its header in ingest/native/build/, with the system compiler
+# (make rebuilds it only when its sources changed).
+native:
+	@VENV=$(VENV) bash infra/setup.sh native
 
 # Helm and Docker Compose for the deployment tests, built from their Go modules into
 # ~/.cache/dsec/tools (a few minutes the first time, instant afterwards).
@@ -48,4 +53,4 @@ test: lint tools
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) .dsec .pytest_cache
+	rm -rf $(VENV) .dsec .pytest_cache ingest/native/build

@@ -19,7 +19,7 @@ import orjson
 from pydantic import Field, TypeAdapter, ValidationError
 
 from dsec.schemas import ActuationStatus, WorkerIdentity
-from dsec.schemas.actuations import ActionParams
+from dsec.schemas.actuations import ActionParams, SettingValue
 from dsec.schemas.base import EpochMs, Model
 
 MAX_FRAME_BYTES = 1 << 20
@@ -29,7 +29,7 @@ _LENGTH = struct.Struct(">I")
 class Register(Model):
     type: Literal["register"] = "register"
     identity: WorkerIdentity
-    pid: int
+    pid: Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class Apply(Model):
@@ -46,6 +46,8 @@ class Answer(Model):
     status: ActuationStatus
     detail: Annotated[str, Field(max_length=2048)] = ""
     replay: bool = False
+    requested: SettingValue | None = None
+    in_force: SettingValue | None = None
 
 
 Frame = Annotated[Register | Apply | Answer, Field(discriminator="type")]

@@ -1,7 +1,10 @@
 """What each worker on a node should be running with, and which commands got it there.
 
 Pure bookkeeping (no I/O): the node actuator asks it whether a command is in
-order, what it supersedes, and what to send a worker that registers again.
+order, what it supersedes, and what to send a worker that registers again. The command
+requested for an action and the one in force (the last the worker answered as applied)
+are kept apart: a worker that cannot carry a command out, or has not yet, keeps running
+the one before.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class OutOfOrder:
 @dataclass
 class DesiredStateBook:
     _slots: dict[WorkerKey, dict[ActionKind, _Slot]] = field(default_factory=dict)
+    _in_force: dict[WorkerKey, dict[ActionKind, ActuationCommand]] = field(default_factory=dict)
 
     def accept(self, command: ActuationCommand) -> Accepted | OutOfOrder:
         slots = self._slots.setdefault(worker_key(command), {})
@@ -62,11 +66,21 @@ class DesiredStateBook:
 
     def mark_applied(self, key: WorkerKey, actuation_id: str) -> bool:
         """True when the answer is for the command currently desired."""
-        for slot in self._slots.get(key, {}).values():
+        for kind, slot in self._slots.get(key, {}).items():
             if slot.command.actuation_id == actuation_id:
                 slot.applied = True
+                if kind not in ONE_SHOT:
+                    self._in_force.setdefault(key, {})[kind] = slot.command
                 return True
         return False
+
+    def requested(self, key: WorkerKey) -> dict[ActionKind, ActuationCommand]:
+        """The latest command of each action for the worker, applied or not."""
+        return {kind: slot.command for kind, slot in self._slots.get(key, {}).items()}
+
+    def in_force(self, key: WorkerKey) -> dict[ActionKind, ActuationCommand]:
+        """The last command of each lasting action the worker answered as applied."""
+        return dict(self._in_force.get(key, {}))
 
     def undelivered(self, key: WorkerKey) -> list[ActuationCommand]:
         slots = self._slots.get(key, {}).values()

@@ -6,10 +6,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from dsec.actuators.effects import Effect, Pending
+from dsec.actuators.loop_setting import LoopSetting
 from dsec.schemas.actuations import GradAccumulationParams
 
 
-class GradAccumulation:
+class GradAccumulation(LoopSetting[int]):
     """Loop usage::
 
         with accumulation.micro_step(ddp_model) as sync:
@@ -17,15 +19,22 @@ class GradAccumulation:
         if sync:
             optimizer.step(); optimizer.zero_grad()
 
-    A new step count is adopted at the next accumulation boundary, so no window mixes two.
-    ``on_window`` hears the window at each micro-step (the probe then takes the norm of
-    every micro-step while it is above 1).
+    A new step count is adopted at the next accumulation boundary, so no window mixes two;
+    the window in force is the one the loop last started. A loop that keeps its own count
+    (a data-parallel group agreeing on one) says at each window's start which it runs,
+    with ``run_window``. ``on_window`` hears the window at each micro-step (the probe then
+    takes the norm of every micro-step while it is above 1).
     """
 
+    what = "gradient accumulation steps"
+    unattached = "the training loop does not accumulate through the GradAccumulation helper"
+    attach_hint = ("run each micro-step in `with dsec.controls().grad_accumulation"
+                   ".micro_step(model) as sync:` and step the optimizer when sync")
+
     def __init__(self, steps: int = 1, on_window: Callable[[int], None] | None = None) -> None:
-        self.steps = steps
+        super().__init__(steps)
+        self.steps = steps  # the window the current (or next) micro-steps belong to
         self._on_window = on_window
-        self._pending: int | None = None
         self._position = 0  # micro-steps done in the current window
 
     @property
@@ -37,21 +46,30 @@ class GradAccumulation:
         return loss / self.steps if self.steps > 1 else loss
 
     def micro_step(self, ddp_model: Any = None) -> AbstractContextManager[bool]:
+        if self._position == 0:
+            self.steps = self.take(self.requested)
         return _MicroStep(self, ddp_model)
+
+    def run_window(self, steps: int) -> int:
+        """The loop starts a window of ``steps`` micro-steps that it counts itself."""
+        self.steps = self.take(steps)
+        if self._on_window is not None:
+            self._on_window(steps)
+        return steps
 
     def _advance(self) -> None:
         self._position += 1
         if self._position >= self.steps:
             self._position = 0
-            if self._pending is not None:
-                self.steps, self._pending = self._pending, None
 
-    def apply(self, params: GradAccumulationParams) -> str:
+    def apply(self, params: GradAccumulationParams) -> Effect | Pending:
+        outcome = self.request(params.steps)
         if self._position == 0:
-            previous, self.steps = self.steps, params.steps
-            return f"accumulation {previous} -> {self.steps} steps"
-        self._pending = params.steps
-        return f"accumulation -> {params.steps} steps from the next window"
+            self.steps = self.requested
+        return outcome
+
+    def applied_detail(self, previous: int, target: int) -> str:
+        return super().applied_detail(previous, target) + " (from a window boundary)"
 
 
 class _MicroStep:

@@ -35,17 +35,38 @@ POLL_TIMEOUT_S = 0.2
 
 class HookApplier(Applier):
     """Applies through the worker's apply hooks, on the calling (training) thread, and
-    refuses a command older than the one in force for its action."""
+    refuses a command older than the one in force for its action. A command the loop
+    takes up later is reported from ``settle``."""
 
-    def __init__(self, hooks: ApplyHooks) -> None:
+    def __init__(self, hooks: ApplyHooks, results: ResultPublisher) -> None:
         self.hooks = hooks
+        self._results = results
         self._order = DesiredStateBook()
+        self._pending: dict[str, ActuationCommand] = {}
 
-    def apply(self, command: ActuationCommand) -> Outcome:
+    def apply(self, command: ActuationCommand) -> Outcome | None:
         verdict = self._order.accept(command)
         if isinstance(verdict, OutOfOrder):
             return Outcome(ActuationStatus.STALE, verdict.detail(command))
-        return Outcome(*self.hooks.try_apply(command.action, command.actuation_id))
+        effect = self.hooks.try_apply(command.action, command.actuation_id)
+        if effect is None or effect.status is ActuationStatus.DEFERRED:
+            self._pending[command.actuation_id] = command
+        if effect is None:
+            return None
+        return Outcome(effect.status, effect.detail, effect.requested, effect.in_force)
+
+    def settle(self) -> int:
+        """Reports the commands the loop has taken up since the last call; how many."""
+        reported = 0
+        for settled in self.hooks.settle():
+            command = self._pending.pop(settled.actuation_id or "", None)
+            if command is None:
+                continue
+            effect = settled.effect
+            self._results.report(command, effect.status, effect.detail,
+                                 requested=effect.requested, in_force=effect.in_force)
+            reported += 1
+        return reported
 
 
 class InProcessActuator:
@@ -69,9 +90,10 @@ class InProcessActuator:
         self.identity = identity
         self.hooks = hooks
         self._results = ResultPublisher(results_topic, publish, service=SERVICE)
+        self._applier = HookApplier(hooks, self._results)
         self._pipeline = CommandPipeline(
             CommandGate(identity, signing_key, max_future_ms=max_future_ms),
-            HookApplier(hooks), self._results)
+            self._applier, self._results)
         self._queue: StepBoundaryQueue[ActuationCommand] = StepBoundaryQueue(on_command)
         self._source = CommandSource(
             ConsumerLoopConfig((actuations_topic,), str(consumer_config.get("group.id", SERVICE)),
@@ -101,8 +123,11 @@ class InProcessActuator:
             self._queue.put(command)
 
     def apply_pending(self) -> int:
-        """Applies queued commands; call on the training thread at a step boundary."""
-        return self._queue.drain(self._pipeline.handle)
+        """Applies queued commands, and reports those the loop has taken up since; call on
+        the training thread at a step boundary. Returns how many commands it applied."""
+        applied = self._queue.drain(self._pipeline.handle)
+        self._applier.settle()
+        return applied
 
     def stop(self) -> None:
         self._source.stop()

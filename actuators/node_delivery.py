@@ -25,6 +25,7 @@ from dsec.actuators.pipeline import Applier, Outcome
 from dsec.actuators.results import DETAIL_MAX_CHARS, ResultPublisher
 from dsec.actuators.snapshot_store import write_atomically
 from dsec.schemas import (
+    ActionKind,
     ActuationCommand,
     ActuationResult,
     ActuationStatus,
@@ -96,6 +97,11 @@ class NodeDelivery(Applier):
         with self._lock:
             return self._book.commands()
 
+    def in_force(self, key: WorkerKey) -> dict[ActionKind, ActuationCommand]:
+        """The command of each action the worker last answered as applied."""
+        with self._lock:
+            return self._book.in_force(key)
+
     def connected_workers(self) -> list[WorkerKey]:
         with self._lock:
             return list(self._connections)
@@ -141,6 +147,7 @@ class NodeDelivery(Applier):
             action_kind=command.action.kind.value if command else "",
             status=answer.status, detail=detail[:DETAIL_MAX_CHARS],
             command_time_ms=command.event_time_ms if command else None,
+            requested=answer.requested, in_force=answer.in_force,
         ))
 
     def _deliver(self, key: WorkerKey) -> None:

@@ -27,6 +27,8 @@ DUPLICATE_DETAIL = "duplicate actuation id: not applied again"
 class Outcome:
     status: ActuationStatus
     detail: str
+    requested: str | None = None  # the setting asked for and the one in force, read back
+    in_force: str | None = None
 
 
 class Applier(ABC):
@@ -71,7 +73,8 @@ class CommandPipeline:
         outcome = self.applier.apply(command)
         if outcome is None:
             return None
-        self.results.report(command, outcome.status, outcome.detail)
+        self.results.report(command, outcome.status, outcome.detail,
+                            requested=outcome.requested, in_force=outcome.in_force)
         return outcome.status
 
     def _rejected(self, command: ActuationCommand,

@@ -30,12 +30,14 @@ class ResultPublisher:
                      if metrics is not None else None)
         self.results: dict[ActuationStatus, int] = dict.fromkeys(ActuationStatus, 0)
 
-    def report(self, command: ActuationCommand, status: ActuationStatus, detail: str) -> None:
+    def report(self, command: ActuationCommand, status: ActuationStatus, detail: str, *,
+               requested: str | None = None, in_force: str | None = None) -> None:
         """The result of ``command`` for the worker it names."""
         self.send(ActuationResult(
             actuation_id=command.actuation_id, identity=command.target,
             action_kind=command.action.kind.value, status=status,
             detail=detail[:DETAIL_MAX_CHARS], command_time_ms=command.event_time_ms,
+            requested=requested, in_force=in_force,
         ))
 
     def send(self, result: ActuationResult) -> None:

@@ -114,7 +114,6 @@ class Snapshotter:
         self.config = config
         self.directory = resolve_directory(config.directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._codec = ChunkCodec(config.zstd_level)
         self._buffers: dict[str, Any] = {}  # host copies, reused snapshot after snapshot
         existing = list_sequences(self.directory)
         self._next_seq = existing[-1] + 1 if existing else 0
@@ -156,8 +155,11 @@ class Snapshotter:
     def busy(self) -> bool:
         return not self._idle.is_set()
 
-    def request(self, global_step: int, extra: dict[str, Any] | None = None) -> int | None:
-        """Starts a snapshot of the state at this step boundary; None when one is in flight."""
+    def request(self, global_step: int, extra: dict[str, Any] | None = None,
+                compression_level: int | None = None) -> int | None:
+        """Starts a snapshot of the state at this step boundary; None when one is in flight.
+        ``compression_level``: the zstd level of its new chunks (default: the config's); its
+        manifest records the level it was written at."""
         started = time.perf_counter()
         if self.busy():
             self.stats.skipped_busy += 1
@@ -174,6 +176,7 @@ class Snapshotter:
             raise
         meta.update(extra or {})
         meta["global_step"] = int(global_step)
+        meta["compression_level"] = int(compression_level or self.config.zstd_level)
         self._jobs.put((seq, tensors, meta))
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         self.stats.blocking_ms_total += elapsed_ms
@@ -266,7 +269,8 @@ class Snapshotter:
         try:
             started = time.perf_counter()
             torch_dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in tensors.items()}
-            written = self._encode_and_write(seq, arrays, meta, torch_dtypes)
+            codec = ChunkCodec(meta["compression_level"])
+            written = self._encode_and_write(seq, arrays, meta, torch_dtypes, codec)
             self.stats.last_encode_ms = (time.perf_counter() - started) * 1000.0
             self.stats.taken += 1
             self.stats.last_seq = seq
@@ -322,7 +326,8 @@ class Snapshotter:
         return None
 
     def _encode_and_write(
-        self, seq: int, arrays: dict[str, np.ndarray], meta: dict, torch_dtypes: dict[str, str]
+        self, seq: int, arrays: dict[str, np.ndarray], meta: dict, torch_dtypes: dict[str, str],
+        codec: ChunkCodec,
     ) -> int:
         keyframe = (
             self._key_seq is None
@@ -352,14 +357,14 @@ class Snapshotter:
                     record.chunks.append(before[index])  # unchanged: a reference, no bytes
                     continue
                 key_chunk = None if key is None else key[start:end]
-                encoded = self._codec.encode(piece, key_chunk, itemsize)
+                encoded = codec.encode(piece, key_chunk, itemsize)
                 mode = "key" if key_chunk is None else "xor"
                 key_sizes = self._key_lengths.get(name, [])
                 if (mode == "xor" and index < len(key_sizes)
                         and len(encoded) > self.config.xor_worth_ratio * key_sizes[index]):
                     # XOR barely helps (e.g. lossless Adam moments): storing the chunk on
                     # its own costs a little size and halves what a restore decodes
-                    encoded = self._codec.encode(piece, None, itemsize)
+                    encoded = codec.encode(piece, None, itemsize)
                     mode = "key"
                 record.chunks.append(ChunkRecord(
                     end - start, digest, offset, len(encoded), mode, seq,

@@ -8,7 +8,8 @@ comparison each and a flood for its own nodes costs a decode and a signature che
 never a commit. Each command goes through the ``CommandPipeline``: the gate (addressed
 to a registered runtime, signature, expiry, duplicates), then ``WebhookPoster``, which
 POSTs it as JSON and reads the runtime's answer as the actuation result. A runtime answers
-2xx, optionally with ``{"status": "applied" | "failed" | "rejected", "detail": "..."}``.
+2xx, optionally with ``{"status": "applied" | "failed" | "rejected" | "unsupported",
+"detail": "..."}`` (unsupported: the runtime cannot carry that action out).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ PostJson = Callable[[str, bytes, float], tuple[int, bytes]]  # (url, body, timeo
 SERVICE = "ingest-gateway"
 POLL_TIMEOUT_S = 0.2
 _ANSWERS = {"applied": ActuationStatus.APPLIED, "failed": ActuationStatus.FAILED,
-            "rejected": ActuationStatus.REJECTED}
+            "rejected": ActuationStatus.REJECTED,
+            "unsupported": ActuationStatus.UNSUPPORTED}
 
 
 def post_json(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:

@@ -25,6 +25,7 @@ from dsec.actuators.channel import (
     encode_frame,
     read_frame,
 )
+from dsec.actuators.effects import Effect
 from dsec.actuators.step_queue import StepBoundaryQueue
 from dsec.schemas import ActuationStatus, WorkerIdentity
 
@@ -53,6 +54,7 @@ class WorkerChannel:
         self._max_unsent = max_unsent
         self.answers_dropped = 0
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._replayed: dict[str, bool] = {}  # pending actuation id -> sent as a replay
         self._remember = remember
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
@@ -102,8 +104,14 @@ class WorkerChannel:
             self._stop.wait(self._reconnect_interval_s)
 
     def apply_pending(self) -> int:
-        """Applies queued commands; call on the training thread at a step boundary."""
-        return self._inbox.drain(self._apply)
+        """Applies queued commands, and answers those the loop has taken up since; call on
+        the training thread at a step boundary. Returns how many commands it applied."""
+        applied = self._inbox.drain(self._apply)
+        for settled in self.hooks.settle():
+            if settled.actuation_id is not None:
+                self._answer(settled.actuation_id, settled.effect,
+                             self._replayed.pop(settled.actuation_id, False))
+        return applied
 
     def _apply(self, frame: Apply) -> None:
         if frame.actuation_id in self._seen and not frame.replay:
@@ -111,10 +119,19 @@ class WorkerChannel:
         self._seen[frame.actuation_id] = None
         if len(self._seen) > self._remember:
             self._seen.popitem(last=False)
-        status, detail = self.hooks.try_apply(frame.action, frame.actuation_id)
-        self.results[status] += 1
-        self._send(Answer(actuation_id=frame.actuation_id, status=status,
-                          detail=detail[:2048], replay=frame.replay))
+        effect = self.hooks.try_apply(frame.action, frame.actuation_id)
+        if effect is None or effect.status is ActuationStatus.DEFERRED:
+            self._replayed[frame.actuation_id] = frame.replay  # answered when settled
+            if len(self._replayed) > self._remember:
+                del self._replayed[next(iter(self._replayed))]
+        if effect is not None:
+            self._answer(frame.actuation_id, effect, frame.replay)
+
+    def _answer(self, actuation_id: str, effect: Effect, replay: bool) -> None:
+        self.results[effect.status] += 1
+        self._send(Answer(actuation_id=actuation_id, status=effect.status,
+                          detail=effect.detail[:2048], replay=replay,
+                          requested=effect.requested, in_force=effect.in_force))
 
     def _send(self, answer: Answer) -> None:
         with self._send_lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.compression import compression
 from dsec.bench.detection_workloads import FAULT_CLASSES, HELD_OUT_SEEDS, HELD_OUT_SHAPES
+from dsec.bench.native import native_command
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
 from dsec.bench.snapshot import snapshot_command
@@ -125,21 +128,59 @@ def detection(
            False, "dsec bench detection")
 
 
+@bench_app.command("fuzz")
+def fuzz(
+    seconds: Annotated[float, typer.Option(min=1.0, help="Seconds per target.")] = 60.0,
+    target: Annotated[list[str] | None, typer.Option(
+        help="packed-columns or policy (default: both).")] = None,
+    engine: Annotated[str, typer.Option(
+        help="auto (atheris when installed, else hypothesis), atheris or hypothesis.")] = "auto",
+    artifacts: Annotated[Path | None, typer.Option(
+        help="Where atheris writes the inputs it found (default: a temporary folder).")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The packed-column and policy decoders under a fuzzer for a fixed time each; exits 1
+    when an input broke the rule (a crash, a hang, a disagreement, a refusal naming
+    nothing)."""
+    from dsec.bench.fuzz import TARGETS, FuzzOptions, run_fuzz
+
+    try:
+        options = FuzzOptions(seconds_per_target=seconds, targets=tuple(target or TARGETS),
+                              engine=engine, artifacts_dir=artifacts)  # type: ignore[arg-type]
+        result = run_fuzz(options, say=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for name, run in result["targets"].items():
+            typer.echo(f"{name}: {run['inputs']} inputs in {run['seconds']} s with "
+                       f"{result['engine']}, {len(run['findings'])} findings")
+            for finding in run["findings"]:
+                typer.echo(f"  {finding['problem']}\n    input: {finding['input']}")
+    if any(run["findings"] for run in result["targets"].values()):
+        raise typer.Exit(1)
+
+
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
 bench_app.command("probe-overhead")(probe_overhead)
+bench_app.command("native")(native_command)
+bench_app.command("compression")(compression)
 
 
 @bench_app.command("all")
 def all_benchmarks(
     parts: Annotated[str | None, typer.Option(
         help="Comma-separated, of probe_overhead, pipeline, snapshot, policy_eval, reaction, "
-             "goodput (default: all).")] = None,
+             "compression, goodput (default: all).")] = None,
     probe_block_pairs: Annotated[int, typer.Option(min=1)] = 150,
     pipeline_samples: Annotated[int, typer.Option(min=10_000)] = PIPELINE_SAMPLES,
     snapshot_steps: Annotated[int, typer.Option(min=4)] = 24,
     policy_targets: Annotated[int, typer.Option(min=1)] = 10_000,
     reaction_trials: Annotated[int, typer.Option(min=1)] = 30,
+    compression_steps: Annotated[int, typer.Option(min=1)] = 4,
     goodput_scenario: Annotated[str, typer.Option()] = "smoke",
     goodput_workers: Annotated[int, typer.Option(min=1)] = 2,
     goodput_duration_s: Annotated[float, typer.Option(min=10.0)] = 40.0,
@@ -154,7 +195,8 @@ def all_benchmarks(
         options = SuiteOptions(
             parts=chosen, probe_block_pairs=probe_block_pairs, pipeline_samples=pipeline_samples,
             snapshot_steps=snapshot_steps, policy_targets=policy_targets,
-            reaction_trials=reaction_trials, goodput_scenario=goodput_scenario,
+            reaction_trials=reaction_trials, compression_steps=compression_steps,
+            goodput_scenario=goodput_scenario,
             goodput_workers=goodput_workers, goodput_duration_s=goodput_duration_s,
             bootstrap=bootstrap)
     except ValueError as exc:

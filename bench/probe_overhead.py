@@ -53,7 +53,7 @@ class OverheadOptions:
     local_broker: bool = True
 
 
-class _AcknowledgingTransport:
+class AcknowledgingTransport:
     """Accepts and acknowledges every message at once: the probe's own cost, no client's."""
 
     def __init__(self) -> None:
@@ -82,6 +82,21 @@ def reference_model() -> Any:
     return nn.Sequential(
         nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 64)
     )
+
+
+def reference_steps(model: Any, optimizer: Any, inputs: Any, targets: Any, probe: Any,
+                    steps: int) -> None:
+    """``steps`` training steps; a ``probe`` (None: off) is handed every loss and an
+    episode every ``EPISODE_EVERY_N_STEPS`` steps."""
+    for step in range(1, steps + 1):
+        loss = (model(inputs) - targets).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        if probe is not None:
+            probe.note_loss(loss)
+        optimizer.step()
+        if probe is not None and step % EPISODE_EVERY_N_STEPS == 0:
+            probe.record_episode(200.0, EPISODE_EVERY_N_STEPS)
 
 
 def median_ci95(values: list[float]) -> tuple[float, float]:
@@ -161,7 +176,7 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
         runtime = WorkerRuntime(
             settings, WorkerIdentity(job_id="bench", worker_id="bench-0", node_id="bench"),
             config, actuate=False,
-            transport=None if bootstrap else _AcknowledgingTransport(),
+            transport=None if bootstrap else AcknowledgingTransport(),
         ).start()
         probe = runtime.probe
         cleanup.append(runtime.shutdown)
@@ -171,15 +186,8 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
             if probe_on:
                 probe.watch(optimizer)
             cpu_started, wall_started = time.process_time(), time.perf_counter()
-            for step in range(1, steps + 1):
-                loss = (model(inputs) - targets).pow(2).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                if probe_on:
-                    probe.note_loss(loss)
-                optimizer.step()
-                if probe_on and step % EPISODE_EVERY_N_STEPS == 0:
-                    probe.record_episode(200.0, EPISODE_EVERY_N_STEPS)
+            reference_steps(model, optimizer, inputs, targets, probe if probe_on else None,
+                            steps)
             cpu_ms = (time.process_time() - cpu_started) * 1000.0 / steps
             wall_ms = (time.perf_counter() - wall_started) * 1000.0 / steps
             if probe_on:

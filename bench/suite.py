@@ -19,7 +19,8 @@ from pathlib import Path
 
 from dsec.bench import PIPELINE_SAMPLES
 
-PARTS = ("probe_overhead", "pipeline", "snapshot", "policy_eval", "reaction", "goodput")
+PARTS = ("probe_overhead", "pipeline", "snapshot", "policy_eval", "reaction", "compression",
+         "goodput")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class SuiteOptions:
     snapshot_steps: int = 24
     policy_targets: int = 10_000
     reaction_trials: int = 30
+    compression_steps: int = 4
     goodput_scenario: str = "smoke"
     goodput_workers: int = 2
     goodput_duration_s: float = 40.0
@@ -53,6 +55,8 @@ def part_arguments(part: str, options: SuiteOptions, bootstrap: str) -> list[str
                         "--targets", str(options.policy_targets)],
         "reaction": ["bench", "reaction", "--json", "--bootstrap", bootstrap,
                      "--trials", str(options.reaction_trials)],
+        "compression": ["bench", "compression", "--json",
+                        "--steps", str(options.compression_steps)],
         "goodput": ["experiment", "goodput", "--json", "--bootstrap", bootstrap,
                     "--scenario", options.goodput_scenario,
                     "--workers", str(options.goodput_workers),

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import SecretStr
+
 from dsec.actuators.restore import RestoredState
 from dsec.actuators.restore import restore as _restore
 from dsec.actuators.worker_controls import WorkerControls
@@ -64,16 +66,32 @@ def init(
     *,
     job_id: str | None = None,
     node_id: str | None = None,
+    pool: str | None = None,
+    labels: dict[str, str] | None = None,
     optimizer: Any = None,
     settings: DsecSettings | None = None,
     probe_config: ProbeConfig | None = None,
     actuate: bool = True,
+    endpoint: str | None = None,
+    endpoint_token: str | None = None,
 ) -> WorkerRuntime:
-    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables."""
+    """Starts this worker's probe (and its actuator); arguments win over ``DSEC_*`` variables.
+
+    ``pool``: the resource pool the worker runs in (``DSEC_POOL``); ``labels``: what policy
+    selectors may match it by (``DSEC_LABELS``). Both travel in its identity.
+
+    ``endpoint="http://dsec-control-plane:8080"`` (or ``DSEC_ENDPOINT``): a worker that
+    cannot reach Kafka publishes through the ingest gateway instead, with the same batching,
+    buffering and drop counts; ``endpoint_token`` (``DSEC_ENDPOINT_TOKEN``) is the
+    gateway's enrolment token or this worker's runtime token.
+    """
     global _runtime
     if _runtime is not None:
         raise RuntimeError("dsec.init() was already called in this process; call dsec.shutdown()")
-    overrides = {k: v for k, v in {"bootstrap": bootstrap, "job_id": job_id}.items() if v}
+    given = {"bootstrap": bootstrap, "job_id": job_id, "pool": pool, "labels": labels,
+             "endpoint": endpoint,
+             "endpoint_token": SecretStr(endpoint_token) if endpoint_token else None}
+    overrides = {k: v for k, v in given.items() if v}
     resolved = settings.model_copy(update=overrides) if settings else DsecSettings(**overrides)
     import socket
 
@@ -81,6 +99,8 @@ def init(
         job_id=resolved.job_id,
         worker_id=worker_id or default_worker_id(),
         node_id=node_id or resolved.node_id or socket.gethostname(),
+        pool=resolved.pool,
+        labels=resolved.labels or None,
     )
     runtime = WorkerRuntime(resolved, identity, probe_config, actuate=actuate)
     if optimizer is not None:
@@ -103,10 +123,13 @@ def report_episode_end(
     terminated: bool = True,
     truncated: bool = False,
     termination_reason: str | None = None,
+    on_training_thread: bool = True,
 ) -> None:
+    """An episode ended; on the training thread this is a step boundary too (commands are
+    applied here). ``on_training_thread=False`` from an asynchronous sampling thread."""
     current().probe.record_episode(
         reward, length, terminated=terminated, truncated=truncated,
-        termination_reason=termination_reason,
+        termination_reason=termination_reason, on_training_thread=on_training_thread,
     )
 
 
@@ -171,7 +194,9 @@ def wrap_env(env: Any, reason_key: str = "termination_reason", reason_fn: Any = 
 
 
 def watch_ddp(ddp_model: Any, state: Any = None, inner: Any = None) -> None:
-    """Times DDP's gradient-bucket all-reduces through a communication hook."""
+    """Times DDP's gradient-bucket all-reduces through a communication hook, the one by
+    which the actuator's gradient compression and sync priority act (unless ``inner``,
+    a hook of your own, takes its place)."""
     current().watch_ddp(ddp_model, state=state, inner=inner)
 
 
@@ -204,10 +229,11 @@ def controls() -> WorkerControls:
     return current().controls
 
 
-def autocast() -> Any:
+def autocast(dtype: str | None = None) -> Any:
     """``with dsec.autocast():`` around the forward pass; the actuator switches its dtype
-    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps."""
-    return current().controls.precision()
+    (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps.
+    ``dtype``: this loop's own precision (default fp32), which an undo returns to."""
+    return current().controls.precision(dtype)
 
 
 def enable_snapshots(

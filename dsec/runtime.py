@@ -21,6 +21,7 @@ from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
+from dsec.ingest.http_transport import endpoint_transport
 from dsec.ingest.nvml import NvmlSampler
 from dsec.schemas import (
     ActionKind,
@@ -53,6 +54,29 @@ def default_worker_id() -> str:
     return f"{host}-rank{rank}" if rank is not None else f"{host}-{os.getpid()}"
 
 
+def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: ProbeConfig,
+                    metrics_topic: str) -> Transport:
+    """Kafka, or in endpoint mode (``settings.endpoint``) the ingest gateway over HTTP."""
+    if settings.endpoint:
+        if settings.endpoint_token is None:
+            raise ValueError("endpoint mode needs a token: endpoint_token= or "
+                             "DSEC_ENDPOINT_TOKEN (the gateway's enrolment token, or this "
+                             "worker's runtime token)")
+        return endpoint_transport(settings.endpoint,
+                                  settings.endpoint_token.get_secret_value(), identity,
+                                  metrics_topic, config)
+    return KafkaTransport(
+        producer_config(
+            settings,
+            client_id=f"dsec-probe-{identity.worker_id}",
+            **{
+                "message.timeout.ms": int(config.message_timeout_s * 1000),
+                "queue.buffering.max.messages": config.transport_queue_max_messages,
+            },
+        )
+    )
+
+
 def _listening(path: os.PathLike[str]) -> bool:
     """Whether a node actuator answers on ``path`` (a socket file left by a crashed
     daemon does not count)."""
@@ -80,16 +104,7 @@ class WorkerRuntime:
     ) -> None:
         config = probe_config or ProbeConfig()
         topics = topic_names(settings.topic_prefix)
-        transport = transport or KafkaTransport(
-            producer_config(
-                settings,
-                client_id=f"dsec-probe-{identity.worker_id}",
-                **{
-                    "message.timeout.ms": int(config.message_timeout_s * 1000),
-                    "queue.buffering.max.messages": config.transport_queue_max_messages,
-                },
-            )
-        )
+        transport = transport or probe_transport(settings, identity, config, topics.metrics)
         self.identity = identity
         self.settings = settings
         self._results_topic = topics.actuation_results
@@ -130,6 +145,12 @@ class WorkerRuntime:
             self.channel = WorkerChannel(identity, node_socket, self.hooks,
                                          on_command=self.probe.wake)
             self.probe.add_step_callback(self.channel.apply_pending)
+        elif actuate and settings.endpoint:
+            # The worker cannot reach Kafka; commands through the gateway are not built
+            # yet (docs/integrations.md says how they will come), a node actuator's socket
+            # works as ever.
+            log.info("dsec: endpoint mode: no commands reach worker %s without a node "
+                     "actuator", identity.worker_id)
         elif actuate:
             self.actuator = InProcessActuator(
                 identity=identity,
@@ -168,6 +189,8 @@ class WorkerRuntime:
         now_s = time.monotonic()
         if not over_bytes or now_s - self._memory_warned_s < MEMORY_WARNING_INTERVAL_S:
             return
+        if ActionKind.MEMORY_CAP in self.hooks.pending():
+            return  # this check puts the budget in force: the next one reports against it
         self._memory_warned_s = now_s
         detail = (f"soft memory budget exceeded: {over_bytes} bytes over {cap.limit_bytes} "
                   f"({cap.violations} violations)")
@@ -215,8 +238,11 @@ class WorkerRuntime:
         return 0
 
     def watch_ddp(self, ddp_model: Any, state: Any = None, inner: CommHook | None = None) -> None:
-        """Times every gradient bucket DDP all-reduces (``inner``: a hook of your own)."""
-        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, inner))
+        """Times every gradient bucket DDP all-reduces, through the controls' hook (gradient
+        compression, weighted by the sync priority) or ``inner``, a hook of your own (the
+        actuator's compression and sync priority then have nothing to act through)."""
+        hook = inner if inner is not None else self.controls.comm_hook()
+        ddp_model.register_comm_hook(state, timed_comm_hook(self.grad_sync, hook))
 
     def shutdown(self) -> ProbeCounters:
         if self._undo_all_reduce is not None:

@@ -47,6 +47,11 @@ kafka)
     mkdir -p "$LOGS"
     step "Kafka broker jars (Maven Central)" "$LOGS/kafka-jars.log" "$VENV/bin/dsec" kafka fetch
     ;;
+native)
+    need "${CC:-cc}" "a C compiler" "Install one (Debian: apt-get install gcc make)."
+    mkdir -p "$LOGS"
+    step "native probe library" "$LOGS/native.log" make -C ingest/native
+    ;;
 tools)
     need go "Go" "Install Go 1.22 or newer (https://go.dev/doc/install); it builds Helm and Compose."
     mkdir -p "$LOGS"
@@ -54,7 +59,7 @@ tools)
     step "Docker Compose (Go module)" "$LOGS/compose.log" bash infra/tools/docker-compose.sh
     ;;
 *)
-    echo "usage: infra/setup.sh python|kafka|tools" >&2
+    echo "usage: infra/setup.sh python|kafka|native|tools" >&2
     exit 2
     ;;
 esac

@@ -40,8 +40,11 @@ class ProbeConfig(BaseSettings):
     loss_check_every_step: bool = False
     message_timeout_s: float = Field(default=300.0, gt=0)
     shutdown_flush_timeout_s: float = Field(default=10.0, ge=0)
-    # Local queue of the Kafka client, in messages (one message is one flush).
+    # Local queue of the Kafka client (or of the HTTP transport in endpoint mode), in
+    # messages (one message is one flush).
     transport_queue_max_messages: int = Field(default=10_000, ge=1)
+    # Endpoint mode: how long one request to the ingest gateway may take.
+    endpoint_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     grad_sync_timing: bool = True
     cuda_memory_interval_s: float = Field(default=1.0, ge=0)  # 0: off
     gpu_sample_interval_s: float = Field(default=1.0, ge=0)  # NVML; 0: off

@@ -12,6 +12,7 @@ forget it. Errors are JSON: ``{"error": code, "detail": text, "problems": [{"fie
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import math
@@ -39,6 +40,7 @@ from dsec.schemas import (
     RuntimeSample,
     WorkerIdentity,
     encode,
+    new_event_id,
     now_ms,
 )
 
@@ -69,6 +71,15 @@ class GatewayError(Exception):
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(self.retry_after_s)
         return JSONResponse(body, status_code=self.status, headers=headers or None)
+
+
+def batch_event_id(runtime_id: str, batch_id: str | None) -> str:
+    """The message id of a posted batch: derived from the runtime and its own batch id, so
+    that a retried post is one message downstream and one runtime's ids can never match
+    another's; a fresh id when the runtime names none."""
+    if batch_id is None:
+        return new_event_id()
+    return hashlib.sha256(f"{runtime_id}\x00{batch_id}".encode()).hexdigest()[:32]
 
 
 def validation_problems(exc: ValidationError) -> list[dict[str, str]]:
@@ -303,12 +314,17 @@ class IngestGateway:
             if not caller.owns(registration.runtime_id):
                 raise self._forbidden(caller, registration.runtime_id)
             posted: RuntimeMetricsPost = await self._body(req, RuntimeMetricsPost)
-            batch = MetricBatch(identity=self._identity(registration), samples=posted.samples)
+            batch = MetricBatch(
+                event_id=batch_event_id(registration.runtime_id, posted.batch_id),
+                identity=self._identity(registration), samples=posted.samples,
+                columns=posted.columns,
+            )
             await self._publisher.publish(registration.runtime_id.encode(), encode(batch))
             self._batches_in.inc()
-            self.samples_accepted += len(posted.samples)
+            accepted = batch.sample_count()
+            self.samples_accepted += accepted
             return JSONResponse(
-                {"accepted": len(posted.samples), "batch_id": batch.event_id}, status_code=202
+                {"accepted": accepted, "batch_id": batch.event_id}, status_code=202
             )
 
         return await self._handle(request, handle)

@@ -103,11 +103,15 @@ class StepSampler:
         terminated: bool = True,
         truncated: bool = False,
         termination_reason: str | None = None,
+        on_training_thread: bool = True,
     ) -> None:
+        """``on_training_thread=False`` from an asynchronous sampling thread: the episode is
+        recorded, and the step callbacks (commands among them) wait for the training
+        thread's next step boundary."""
         self._record(("episode", self._now_ms(), self._episode_index, reward, length,
                       terminated, truncated, termination_reason))
         self._episode_index += 1
-        if self._wake:
+        if self._wake and on_training_thread:
             self.run_step_callbacks()
 
     def note_loss(self, loss: Any) -> None:

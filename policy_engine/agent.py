@@ -1,16 +1,18 @@
 """The policy engine as Faust agents: batches of the features topic through
-``PolicyAgent``, each output sent and delivered in turn; policies in from the compacted
-policies topic, hot-reloaded. The agent's state mappings are Faust tables."""
+``PolicyAgent``, each output sent and delivered in turn; policies and pools in from their
+compacted topics, hot-reloaded. The agent's state mappings are Faust tables."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from dsec.infra.faust_app import App, StreamT, Table, fetch_topic_metadata, publish, record_of
 from dsec.infra.observability.metrics import ProcessMetrics
-from dsec.infra.records import Output
+from dsec.infra.records import Output, Record
 from dsec.policy_engine.instruments import EngineInstruments
 from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.policy_engine.tables import feature_table, knob_table, state_table
 from dsec.schemas import PolicyDecision
@@ -43,16 +45,21 @@ def register_policy_engine(
     startup_decisions: list[PolicyDecision] | None = None,
     policies_from_offset: int = 0,
     metrics: ProcessMetrics | None = None,
+    pools: PoolRegistry | None = None,
+    pools_from_offset: int = 0,
 ) -> EngineCounters:
     """``registry`` holds the built-in pack and the policies topic read up to
-    ``policies_from_offset``; the agent takes the topic on from there."""
+    ``policies_from_offset``, ``pools`` the pools topic up to ``pools_from_offset``; the
+    agents take the topics on from there."""
     options = options or EngineOptions()
     instruments = EngineInstruments(metrics or ProcessMetrics(), topics)
     features = app.topic(topics.features, value_type=bytes, key_type=bytes)
     policies = app.topic(topics.policies, value_type=bytes, key_type=bytes)
+    pool_records = app.topic(topics.pools, value_type=bytes, key_type=bytes)
     tables = tuple(_table(app, name) for name in TABLES)
     agent = PolicyAgent(topics, registry, state_table(tables[0]), knob_table(tables[1]),
-                        signing_key, policies_from_offset, known=feature_table(tables[2]))
+                        signing_key, policies_from_offset, pools, pools_from_offset,
+                        known=feature_table(tables[2]))
 
     async def send_durably(output: Output) -> None:
         await (await publish(app, output.topic, output.key, output.value()))
@@ -63,14 +70,18 @@ def register_policy_engine(
             await send_durably(agent.audit(record))
             instruments.decisions_out.inc()
 
-    @app.agent(policies, name="policy-loader")
-    async def policy_loader(stream: StreamT) -> None:
-        async for event in stream.events():
-            instruments.policies_in.inc()
-            audit = agent.load_policy(record_of(event))
-            if audit is not None:
-                await send_durably(audit)
-                instruments.decisions_out.inc()
+    def loader(load: Callable[[Record], Output | None]) -> Callable[[StreamT], Awaitable]:
+        async def run(stream: StreamT) -> None:
+            async for event in stream.events():
+                instruments.policies_in.inc()
+                audit = load(record_of(event))
+                if audit is not None:
+                    await send_durably(audit)
+                    instruments.decisions_out.inc()
+        return run
+
+    app.agent(policies, name="policy-loader")(loader(agent.load_policy))
+    app.agent(pool_records, name="pool-loader")(loader(agent.load_pool))
 
     @app.agent(features, name="policy-engine")
     async def policy_engine(stream: StreamT) -> None:

@@ -1,10 +1,12 @@
 """One evaluation step: a batch of feature events in; commands, audit records and tuned
-policy versions out. Pure apart from the two state mappings it is given, per (policy,
-target) ``PolicyState``s and per (target, knob) ``KnobEntry``s (Faust tables in the stream
-job, dicts offline and in tests).
+policy and pool versions out. Pure apart from the two state mappings it is given, per
+(policy, target) ``PolicyState``s and per (target, knob) ``KnobEntry``s (Faust tables in
+the stream job, dicts offline and in tests).
 
-Conditions are evaluated for the whole batch at once (numpy); the per-target state machine
-then runs only for rows whose condition holds or whose policy is not idle.
+Conditions are evaluated for the whole batch at once (numpy), or once per pool where the
+batch's targets run in several: each pool's workers run the policy version for their pool
+(a canary, else the fleet's) with the pool's parameter overrides. The per-target state
+machine then runs only for rows whose condition holds or whose policy is not idle.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -20,11 +22,14 @@ import numpy as np
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
 from dsec.policy_engine.feature_memory import FeatureMemory, FeatureView, KnownFeatures
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
+from dsec.policy_engine.tuning import Tuner, tuned
 from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, sign
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
+from dsec.schemas.pools import PoolSpec
 
 __all__ = ["Engine", "EngineOutput", "actuation_id", "knob_key", "render_alert", "tuned"]
 
@@ -38,6 +43,20 @@ class EngineOutput:
     commands: list[ActuationCommand] = field(default_factory=list)
     decisions: list[PolicyDecision] = field(default_factory=list)
     policies: list[PolicySpec] = field(default_factory=list)
+    pools: list[PoolSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One policy version over the rows of one pool: ``spec`` is the version with the
+    pool's overrides; ``prefix`` keys its per-target states (a dry-run canary beside the
+    pool's running version keeps its own)."""
+
+    policy: CompiledPolicy
+    spec: PolicySpec
+    rows: np.ndarray | None  # None: every row of the batch
+    prefix: str
+    note: str
 
 
 def actuation_id(*parts: object) -> str:
@@ -67,23 +86,6 @@ def render_alert(template: str, spec: PolicySpec, event: FeatureEvent,
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "unknown"), template)
 
 
-def tuned(spec: PolicySpec, meta: PolicySpec) -> PolicySpec | None:
-    """The next version of ``spec`` with the meta-policy's parameter moved, or ``None``
-    when it is already at its bound."""
-    tune = meta.tune
-    assert tune is not None
-    current = spec.params.get(tune.param)
-    if current is None:
-        return None
-    value = min(max(current + tune.delta, tune.min_value), tune.max_value)
-    if value == current:
-        return None
-    body = spec.model_dump(mode="json", exclude={"signature"}, exclude_none=True)
-    body["version"] = spec.version + 1
-    body["params"] = {**spec.params, tune.param: value}
-    return PolicySpec.model_validate(body)
-
-
 class Engine:
     def __init__(
         self,
@@ -91,16 +93,19 @@ class Engine:
         states: MutableMapping[str, PolicyState],
         knobs: MutableMapping[str, KnobEntry],
         signing_key: bytes,
+        pools: PoolRegistry | None = None,
         known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
         """``known``: each target's last known features (see ``FeatureMemory``)."""
         self.registry = registry
+        self.pools = pools if pools is not None else PoolRegistry(signing_key)
         self.states = states
         self.knobs = knobs
         self.memory = FeatureMemory({} if known is None else known)
         self._knobs = KnobBoard(knobs, registry)
         self._signing_key = signing_key
-        self._reported: set[tuple[str, int]] = set()
+        self._tuner = Tuner(registry, self.pools, signing_key)
+        self._reported: set[tuple[str, ...]] = set()
         self.limits = registry.limits
         self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
 
@@ -109,41 +114,80 @@ class Engine:
         rows = len(events)
         if not rows:
             return out
-        policies = self.registry.active()
-        names = frozenset().union(*(p.feature_names for p in policies))
+        units = self._units(events, out)
+        names = frozenset().union(*(u.policy.feature_names for u in units))
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
         view = self.memory.view(events, targets, names)
         self._budget.forget_before(max(e.event_time_ms for e in events))
-        for policy in policies:
+        for unit in units:
+            policy = unit.policy
             try:
-                self._evaluate_policy(policy, events, targets, view, out)
+                self._evaluate_policy(unit, events, targets, view, out)
             except Exception as exc:  # one broken policy must not stop the others
                 log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
-                self._report(policy, f"{type(exc).__name__}: {exc}", out)
+                self._report(policy.spec, f"{type(exc).__name__}: {exc}", out)
                 continue
             errors = [c.last_error for c in (policy.enter, policy.exit, *policy.stage_conditions)
                       if c is not None and c.last_error]
             if errors:
-                self._report(policy, errors[0], out)
+                self._report(policy.spec, errors[0], out)
         self._resume_orphaned_claims(events, out)
         return out
 
-    def _report(self, policy: CompiledPolicy, problem: str, out: EngineOutput) -> None:
-        """An evaluation error, audited once per policy version."""
-        spec = policy.spec
-        if (spec.name, spec.version) in self._reported:
+    def _units(self, events: Sequence[FeatureEvent], out: EngineOutput) -> list[_Unit]:
+        """What runs over which rows: per policy and per pool of the batch, the version for
+        that pool with its overrides (and a dry-run canary beside it); highest priority
+        first, so that it claims a contested knob before the others look."""
+        pools = [e.target_pool() for e in events]
+        by_pool: dict[str | None, np.ndarray | None]
+        if len(set(pools)) == 1:
+            by_pool = {pools[0]: None}
+        else:
+            index: dict[str | None, list[int]] = {}
+            for row, pool in enumerate(pools):
+                index.setdefault(pool, []).append(row)
+            by_pool = {pool: np.asarray(rows) for pool, rows in index.items()}
+        units = []
+        for rollout in self.registry.rollouts():
+            for pool, rows in by_pool.items():
+                running = [(rollout.for_pool(pool), f"{rollout.name}|")]
+                shadow = rollout.shadows.get(pool) if pool is not None else None
+                if shadow is not None:
+                    running.append((shadow, f"{rollout.name}@{pool}|"))
+                for policy, prefix in running:
+                    if policy is None:
+                        continue
+                    effective = self.pools.effective(policy.spec, pool)
+                    if effective.problem is not None:
+                        self._report(policy.spec, effective.problem, out, pool)
+                    units.append(_Unit(policy, effective.spec, rows, prefix, effective.note))
+        units.sort(key=lambda u: (-u.spec.priority, u.spec.name))
+        return units
+
+    def _report(self, spec: PolicySpec, problem: str, out: EngineOutput,
+                pool: str | None = None) -> None:
+        """An evaluation error, audited once per policy version (and pool version)."""
+        declared = self.pools.get(pool) if pool is not None else None
+        key = (spec.name, str(spec.version), str(spec.pool), pool or "",
+               str(declared.version if declared else ""))
+        if key in self._reported:
             return
-        self._reported.add((spec.name, spec.version))
+        self._reported.add(key)
         out.decisions.append(PolicyDecision(
             policy_name=spec.name, policy_version=spec.version,
             decision=DecisionKind.EVALUATION_ERROR, detail=problem[:2048],
         ))
 
     def _evaluate_policy(
-        self, policy: CompiledPolicy, events: Sequence[FeatureEvent], targets: list[str],
+        self, unit: _Unit, events: Sequence[FeatureEvent], targets: list[str],
         view: FeatureView, out: EngineOutput,
     ) -> None:
-        spec, rows = policy.spec, len(events)
+        policy, spec = unit.policy, unit.spec
+        if unit.rows is not None:
+            view = view.subset(unit.rows)
+            events = [events[row] for row in unit.rows]
+            targets = [targets[row] for row in unit.rows]
+        rows = len(events)
         # A feature event carries the features its input batch updated; the others keep
         # the target's last known values. An event that carries none of this policy's
         # features says nothing new about it, and a condition that cannot be told for want
@@ -160,10 +204,14 @@ class Engine:
         selector = spec.selector
         top = len(policy.stage_conditions)
         everyone = selector == type(selector)()
-        prefix = f"{spec.name}|"
+        prefix = unit.prefix
         states = self.states
+        acts_on_workers = spec.tune is None
         for row, event in enumerate(events):
             if not informed[row]:
+                continue
+            # A pool's or a job's features describe no worker to command.
+            if acts_on_workers and event.scope != "worker":
                 continue
             key = prefix + targets[row]
             if not enter[row] and key not in states:
@@ -185,16 +233,16 @@ class Engine:
                 else:
                     states[key] = new
             if kind is not None:
-                self._act(policy, event, old, new, kind, view.seen(row, policy.feature_names),
+                self._act(unit, event, old, new, kind, view.seen(row, policy.feature_names),
                           out)
 
     def _act(
-        self, policy: CompiledPolicy, event: FeatureEvent, old: PolicyState,
+        self, unit: _Unit, event: FeatureEvent, old: PolicyState,
         new: PolicyState, kind: DecisionKind, seen: dict[str, tuple[float, float]],
         out: EngineOutput,
     ) -> None:
         """``seen``: the values the condition saw, by name, with their ages in seconds."""
-        spec = policy.spec
+        spec = unit.spec
         detail = ", ".join(
             f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
             for name, (value, age_s) in seen.items()
@@ -217,7 +265,7 @@ class Engine:
                   f"{(old.last_fired_ms or 0) + cooldown_ms}; {detail}")
             return
         if spec.tune is not None:
-            self._tune(spec, kind, audit, detail, out)
+            self._tuner.tune(spec, event, kind, audit, detail, out)
             return
         if spec.one_shot:
             stage, undo = 1, False
@@ -252,10 +300,12 @@ class Engine:
                       f"{said} stage {stage}: {action.kind} not sent, {self._over_budget}; "
                       f"{detail}")
                 continue
+            pool_note = f" ({unit.note})" if unit.note and owner.name == spec.name else ""
             command = self._command(
                 owner, event, action,
                 (spec.name, stage, said, event.event_time_ms, index),
-                f"{spec.name} v{spec.version} {said} stage {stage}{how}: {spec.condition}")
+                f"{spec.name} v{spec.version}{pool_note} {said} stage {stage}{how}: "
+                f"{spec.condition}")
             out.commands.append(command)
             audit(kind, new.stage, f"{said} stage {stage}: {action.kind}{how}; {detail}",
                   command.actuation_id)
@@ -320,26 +370,3 @@ class Engine:
                     decision=DecisionKind.FIRED, actuation_id=command.actuation_id,
                     detail=f"resumes {kind}: the claim above it lapsed",
                 ))
-
-    def _tune(
-        self, spec: PolicySpec, kind: DecisionKind, audit: Callable[..., None], detail: str,
-        out: EngineOutput,
-    ) -> None:
-        tune = spec.tune
-        assert tune is not None
-        target = self.registry.get(tune.policy)
-        if target is None:
-            audit(DecisionKind.EVALUATION_ERROR, 0, f"no policy {tune.policy!r} to tune")
-            return
-        successor = tuned(target, spec)
-        if successor is None:
-            audit(kind, 0, f"{tune.policy}.{tune.param} already at its bound; {detail}")
-            return
-        change = (f"{tune.policy} v{successor.version}: {tune.param} "
-                  f"{_number(target.params[tune.param])} -> "
-                  f"{_number(successor.params[tune.param])}")
-        if kind is DecisionKind.DRY_RUN:
-            audit(kind, 0, f"would publish {change}; {detail}")
-            return
-        out.policies.append(sign(successor, self._signing_key))
-        audit(kind, 0, f"published {change}; {detail}")

@@ -54,6 +54,12 @@ class FeatureView:
     fresh: dict[str, np.ndarray]
     event_times_ms: np.ndarray
 
+    def subset(self, rows: np.ndarray) -> FeatureView:
+        """The view of those rows alone."""
+        return FeatureView({n: v[rows] for n, v in self.values.items()},
+                           {n: t[rows] for n, t in self.times_ms.items()},
+                           {n: f[rows] for n, f in self.fresh.items()}, self.event_times_ms[rows])
+
     def columns(self, names: Collection[str], max_age_s: float | None) -> dict[str, np.ndarray]:
         """The values of ``names``, those older than ``max_age_s`` (if given) made missing."""
         if max_age_s is None:

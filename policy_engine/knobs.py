@@ -90,9 +90,10 @@ class KnobBoard:
         key = knob_key(event, kind)
         entry = self.knobs.get(key) or KnobEntry()
         now = event.event_time_ms
+        pool = event.target_pool()
         claims = {
             name: claim for name, claim in entry.claims.items()
-            if self.registry.get(name) is not None
+            if self.registry.get(name, pool) is not None
             and now < (claim.until_ms or float("inf"))
         }
         return key, KnobEntry(claims, entry.applied if entry.applied in claims else None)
@@ -136,7 +137,7 @@ class KnobBoard:
         self._store(key, entry)
         if top is None:
             return (spec, undo, "") if undo is not None else None
-        owner = self.registry.get(top)
+        owner = self.registry.get(top, event.target_pool())
         assert owner is not None  # only installed policies' claims are live
         return owner, entry.claims[top].action, f" (resumes {top})"
 
@@ -151,7 +152,7 @@ class KnobBoard:
         top = entry.top() if entry.applied is None else None
         entry = replace(entry, applied=top or entry.applied)
         self._store(key, entry)
-        owner = self.registry.get(top) if top is not None else None
+        owner = self.registry.get(top, event.target_pool()) if top is not None else None
         if owner is None or top is None:
             return None
         return owner, entry.claims[top].action

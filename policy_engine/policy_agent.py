@@ -1,5 +1,6 @@
 """The policy agent as a stage, without Faust or a broker: feature records in; commands,
-audit records, tuned policies and dead letters out, in the order they are to be published.
+audit records, tuned policies and pools and dead letters out, in the order they are to be
+published.
 
 Per (policy, target) state, per (target, knob) ownership and per target last known
 features live in the mappings it is given (Faust tables in the stream job, dicts in
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from dsec.infra.records import Output, Record
@@ -20,6 +21,7 @@ from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.knobs import KnobEntry
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import (
     ActuationCommand,
@@ -28,8 +30,10 @@ from dsec.schemas import (
     FeatureEvent,
     PolicyDecision,
     PolicySpec,
+    PoolSpec,
     decode,
 )
+from dsec.schemas.policies import policy_key
 from dsec.schemas.topics import TopicNames
 
 __all__ = ["AgentOutput", "EngineCounters", "PolicyAgent"]
@@ -44,6 +48,7 @@ class EngineCounters:
     decisions: int = 0
     actuations_out: int = 0
     policies_published: int = 0
+    pools_published: int = 0
     policy_updates: int = 0
     dead_letters: int = 0
 
@@ -51,8 +56,8 @@ class EngineCounters:
 @dataclass
 class AgentOutput:
     """One batch's outputs: ``messages``, every one in publication order (dead letters,
-    commands, tuned policies, then the audit records); ``evaluated``, what the engine
-    decided, and ``evaluation_s``, how long that took."""
+    commands, tuned policies and pools, then the audit records); ``evaluated``, what the
+    engine decided, and ``evaluation_s``, how long that took."""
 
     dead_letters: list[DeadLetter] = field(default_factory=list)
     evaluated: EngineOutput = field(default_factory=EngineOutput)
@@ -71,6 +76,10 @@ class AgentOutput:
     def policies(self) -> list[PolicySpec]:
         return self.evaluated.policies
 
+    @property
+    def pools(self) -> list[PoolSpec]:
+        return self.evaluated.pools
+
 
 class PolicyAgent:
     def __init__(
@@ -81,15 +90,20 @@ class PolicyAgent:
         knobs: MutableMapping[str, KnobEntry],
         signing_key: bytes,
         policies_from_offset: int = 0,
+        pools: PoolRegistry | None = None,
+        pools_from_offset: int = 0,
         known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
         """``registry`` holds the built-in pack and the policies topic read up to
-        ``policies_from_offset``; ``load_policy`` takes the topic on from there.
-        ``known``: each target's last known features (a dict when not given)."""
+        ``policies_from_offset``, ``pools`` the pools topic read up to ``pools_from_offset``;
+        ``load_policy`` and ``load_pool`` take the topics on from there. ``known``: each
+        target's last known features (a dict when not given)."""
         self.topics = topics
         self.registry = registry
-        self.engine = Engine(registry, states, knobs, signing_key, known)
+        self.pools = pools if pools is not None else PoolRegistry(signing_key)
+        self.engine = Engine(registry, states, knobs, signing_key, self.pools, known)
         self.policies_from_offset = policies_from_offset
+        self.pools_from_offset = pools_from_offset
         self.counters = EngineCounters()
 
     def process(self, records: Sequence[Record]) -> AgentOutput:
@@ -116,23 +130,36 @@ class PolicyAgent:
             *letters,
             *(Output(self.topics.actuations, c.target.node_id.encode(), c)
               for c in evaluated.commands),
-            *(Output(self.topics.policies, p.name.encode(), p) for p in evaluated.policies),
+            *(Output(self.topics.policies, policy_key(p.name, p.pool).encode(), p)
+              for p in evaluated.policies),
+            *(Output(self.topics.pools, p.name.encode(), p) for p in evaluated.pools),
             *(self.audit(record) for record in evaluated.decisions),
         ]
         self.counters.actuations_out += len(evaluated.commands)
         self.counters.policies_published += len(evaluated.policies)
+        self.counters.pools_published += len(evaluated.pools)
         return out
 
     def load_policy(self, record: Record) -> Output | None:
         """A record of the policies topic: the audit record of what installing it decided,
         if anything; records below ``policies_from_offset`` were read at startup."""
-        if record.offset < self.policies_from_offset:
+        return self._load(record, self.policies_from_offset, self.registry.offer)
+
+    def load_pool(self, record: Record) -> Output | None:
+        """The same for a record of the pools topic (nothing for a version this engine
+        tuned and installed already)."""
+        return self._load(record, self.pools_from_offset, self.pools.offer)
+
+    def _load(self, record: Record, from_offset: int,
+              offer: Callable[[bytes | None, bytes | None], PolicyDecision | None],
+              ) -> Output | None:
+        if record.offset < from_offset:
             return None
-        decision = self.registry.offer(record.key, record.value)
+        decision = offer(record.key, record.value)
         if decision is None:
             return None
         self.counters.policy_updates += 1
-        log.warning("policy %s v%s: %s", decision.policy_name, decision.policy_version,
+        log.warning("%s v%s: %s", decision.policy_name, decision.policy_version,
                     decision.decision)
         return self.audit(decision)
 

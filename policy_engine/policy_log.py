@@ -1,4 +1,5 @@
-"""The compacted policies topic as a log of record: read it whole, publish, delete."""
+"""The compacted policies and pools topics as logs of record: read one whole, publish,
+delete."""
 
 from __future__ import annotations
 
@@ -14,12 +15,22 @@ from dsec.infra.consumer_loop import (
 )
 from dsec.infra.kafka_clients import consumer_config, make_producer
 from dsec.policy_engine.registry import PolicyRejected, parse_record
-from dsec.schemas import PolicyDeletion, PolicySpec, SignatureError, encode, topic_names, verify
+from dsec.schemas import (
+    PolicyDeletion,
+    PolicySpec,
+    PoolDeletion,
+    PoolSpec,
+    SignatureError,
+    encode,
+    topic_names,
+    verify,
+)
+from dsec.schemas.policies import policy_key
 from dsec.schemas.settings import DsecSettings
 
 
 class PolicyLogError(RuntimeError):
-    """The policies topic could not be read or written."""
+    """The policies or pools topic could not be read or written."""
 
 
 @dataclass(frozen=True)
@@ -38,13 +49,26 @@ class _Records(BatchWriter[list]):
 
 
 def _unreadable(message, reason: str) -> None:
-    raise PolicyLogError(f"policy record at offset {message.offset()} unreadable: {reason}")
+    raise PolicyLogError(f"record at offset {message.offset()} unreadable: {reason}")
 
 
 def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
         list[PolicyRecord], int]:
-    """Every record up to the end as of now, and the offset after the last one."""
-    topic = topic_names(settings.topic_prefix).policies
+    """Every record of the policies topic up to the end as of now, and the offset after
+    the last one."""
+    return read_log(settings, topic_names(settings.topic_prefix).policies, timeout_s)
+
+
+def read_pool_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
+        list[PolicyRecord], int]:
+    """The same for the pools topic."""
+    return read_log(settings, topic_names(settings.topic_prefix).pools, timeout_s)
+
+
+def read_log(settings: DsecSettings, topic: str, timeout_s: float = 30.0) -> tuple[
+        list[PolicyRecord], int]:
+    """Every record of the one-partition ``topic`` up to the end as of now, and the offset
+    after the last one."""
     group = f"dsec-policy-reader-{uuid.uuid4().hex[:8]}"
     writer = _Records()
     loop = ConsumerLoop(
@@ -65,11 +89,12 @@ def read_policy_log(settings: DsecSettings, timeout_s: float = 30.0) -> tuple[
 
 
 def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | None:
-    """The highest version of ``name`` a record signed with ``key`` published or deleted;
-    a newer one is what the engine will run."""
+    """The highest version of ``name`` (fleet or canary) a record signed with ``key``
+    published or deleted; a newer one is what the engine will run."""
     versions = []
     for record in records:
-        if record.value is None or (record.key or b"").decode("utf-8", "replace") != name:
+        keyed = (record.key or b"").decode("utf-8", "replace").partition("@")[0]
+        if record.value is None or keyed != name:
             continue
         try:
             parsed = parse_record(record.value)
@@ -81,7 +106,9 @@ def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | N
     return max(versions, default=None)
 
 
-def _produce(settings: DsecSettings, key: bytes, value: bytes | None, timeout_s: float) -> None:
+def _produce(settings: DsecSettings, records: list[tuple[str, bytes, bytes]],
+             timeout_s: float) -> None:
+    """``records`` (topic, key, value), delivered in order before this returns."""
     producer = make_producer(settings, "dsec-policy-cli")
     failures: list[str] = []
 
@@ -89,17 +116,35 @@ def _produce(settings: DsecSettings, key: bytes, value: bytes | None, timeout_s:
         if err is not None:
             failures.append(str(err))
 
-    producer.produce(topic_names(settings.topic_prefix).policies, key=key, value=value,
-                     on_delivery=delivered)
+    for topic, key, value in records:
+        producer.produce(topic, key=key, value=value, on_delivery=delivered)
     if producer.flush(timeout_s) != 0 or failures:
         raise PolicyLogError(f"not delivered: {failures or 'timeout'}")
 
 
 def publish_policy(settings: DsecSettings, signed: PolicySpec, timeout_s: float = 30.0) -> None:
-    _produce(settings, signed.name.encode(), encode(signed), timeout_s)
+    publish_policy_records(settings, [signed], timeout_s)
 
 
 def delete_policy(
     settings: DsecSettings, signed: PolicyDeletion, timeout_s: float = 30.0
 ) -> None:
-    _produce(settings, signed.deletes.encode(), encode(signed), timeout_s)
+    publish_policy_records(settings, [signed], timeout_s)
+
+
+def publish_policy_records(settings: DsecSettings, records: list[PolicySpec | PolicyDeletion],
+                           timeout_s: float = 30.0) -> None:
+    """Signed versions and deletions, keyed by ``policy_key``, in this order (one
+    partition: the engine reads them in it)."""
+    topic = topic_names(settings.topic_prefix).policies
+    _produce(settings, [
+        (topic, policy_key(r.deletes, r.pool).encode() if isinstance(r, PolicyDeletion)
+         else policy_key(r.name, r.pool).encode(), encode(r))
+        for r in records], timeout_s)
+
+
+def publish_pool(settings: DsecSettings, signed: PoolSpec | PoolDeletion,
+                 timeout_s: float = 30.0) -> None:
+    name = signed.deletes if isinstance(signed, PoolDeletion) else signed.name
+    _produce(settings, [(topic_names(settings.topic_prefix).pools, name.encode(),
+                         encode(signed))], timeout_s)

@@ -9,10 +9,12 @@ the ones already running carry on. Only a signed deletion record deletes a polic
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
@@ -21,9 +23,12 @@ from dsec.policy_engine.vectorised import VectorCondition
 from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, verify
 from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
-from dsec.schemas.policies import DecisionKind
+from dsec.schemas.policies import DecisionKind, policy_key
 
 MAX_POLICY_BYTES = 64 * 1024
+# libyaml's parser, where PyYAML was built with it: it refuses nesting past a depth in
+# microseconds, where the pure-Python scanner takes seconds over an unclosed "{{{...".
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_.:\-/]")
 
 
@@ -35,37 +40,44 @@ class PolicyRejected(ValueError):
         self.reason = reason
 
 
-def _document(text: str | bytes) -> dict:
+def load_document(text: str | bytes, what: str = "policy") -> dict:
+    """The mapping in YAML or JSON ``text``; ``PolicyRejected`` when it is none."""
     if len(text) > MAX_POLICY_BYTES:
-        raise PolicyRejected(f"policy larger than {MAX_POLICY_BYTES} bytes")
+        raise PolicyRejected(f"{what} larger than {MAX_POLICY_BYTES} bytes")
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise PolicyRejected(f"not YAML or JSON: {exc}") from None
     except Exception as exc:  # e.g. nesting too deep for the composer
         raise PolicyRejected(f"not YAML or JSON: {type(exc).__name__}") from None
     if not isinstance(document, dict):
-        raise PolicyRejected("a policy is a mapping")
+        raise PolicyRejected(f"a {what} is a mapping")
     return document
 
 
-def _validated(model: type[PolicySpec] | type[PolicyDeletion], document: dict):
+_WHAT = {"PolicySpec": "policy", "PolicyDeletion": "policy deletion", "PoolSpec": "pool",
+         "PoolDeletion": "pool deletion"}
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], document: dict) -> M:
+    """``document`` as a ``model``; ``PolicyRejected`` with the fields at fault."""
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        what = "policy" if model is PolicySpec else "policy deletion"
+        what = _WHAT.get(model.__name__, model.__name__)
         raise PolicyRejected(f"invalid {what}: {describe(exc)}") from None
 
 
 def parse_policy(text: str | bytes) -> PolicySpec:
     """A policy from YAML or JSON text (JSON is YAML); never evaluates anything in it."""
-    return _validated(PolicySpec, _document(text))
+    return validated(PolicySpec, load_document(text))
 
 
 def parse_record(text: str | bytes) -> PolicySpec | PolicyDeletion:
     """A record of the policies topic: a policy, or a deletion (a mapping with ``deletes``)."""
-    document = _document(text)
-    return _validated(PolicyDeletion if "deletes" in document else PolicySpec, document)
+    document = load_document(text)
+    return validated(PolicyDeletion if "deletes" in document else PolicySpec, document)
 
 
 @dataclass(frozen=True)
@@ -111,31 +123,99 @@ def compile_policy(spec: PolicySpec, limits: ConditionLimits | None = None) -> C
         raise PolicyRejected(f"does not compile: {type(exc).__name__}: {exc}") from None
 
 
-def _audit_name(name: str) -> str:
+def audit_name(name: str) -> str:
     return _NOT_IDENTIFIER.sub("_", name)[:128] or "unnamed"
 
 
+def _row_by_row(compiled: CompiledPolicy) -> str:
+    uncovered = [c.not_covered for c in (compiled.enter, compiled.exit) if c and c.not_covered]
+    return f" (row by row in cel-python: {uncovered[0]})" if uncovered else ""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One policy as it runs: the fleet's version (None: a policy published to canary
+    pools only) and, per pool, the newer version that runs there instead (``canaries``) or,
+    in dry run, beside it (``shadows``)."""
+
+    name: str
+    fleet: CompiledPolicy | None
+    canaries: Mapping[str, CompiledPolicy] = field(default_factory=dict)
+    shadows: Mapping[str, CompiledPolicy] = field(default_factory=dict)
+
+    def for_pool(self, pool: str | None) -> CompiledPolicy | None:
+        canary = self.canaries.get(pool) if pool is not None else None
+        return canary if canary is not None else self.fleet
+
+
 class PolicyRegistry:
-    """Name → the running version, plus every version seen (for ``dsec policy list``)."""
+    """Name → the running version, its canaries by pool, plus every version seen (for
+    ``dsec policy list``)."""
 
     def __init__(self, signing_key: bytes, limits: PolicyLimits | None = None) -> None:
         self._signing_key = signing_key
         self.limits = limits or PolicyLimits()
         self._active: dict[str, CompiledPolicy] = {}
+        self._canaries: dict[str, dict[str, CompiledPolicy]] = {}
         self._versions: dict[str, dict[int, PolicySpec]] = {}
         self._deleted_up_to: dict[str, int] = {}
+        self._canary_deleted_up_to: dict[tuple[str, str], int] = {}
+        self._rollouts: tuple[int, list[Rollout]] = (-1, [])
         self.generation = 0
 
     def active(self) -> list[CompiledPolicy]:
         """Highest priority first: it claims a contested knob before the others look."""
         return sorted(self._active.values(), key=lambda c: (-c.spec.priority, c.spec.name))
 
-    def get(self, name: str) -> PolicySpec | None:
+    def canaries(self, name: str) -> dict[str, CompiledPolicy]:
+        """The canaries of ``name`` that run, by pool: those newer than the fleet's version
+        (one as new or older was promoted, or overtaken)."""
+        fleet = self._active.get(name)
+        floor = fleet.spec.version if fleet is not None else -1
+        return {pool: compiled for pool, compiled in self._canaries.get(name, {}).items()
+                if compiled.spec.version > floor}
+
+    def rollouts(self) -> list[Rollout]:
+        """Every policy that runs anywhere, with its canaries; made once per generation."""
+        generation, rollouts = self._rollouts
+        if generation == self.generation:
+            return rollouts
+        rollouts = []
+        for name in sorted(self._active.keys() | self._canaries.keys()):
+            canaries = self.canaries(name)
+            fleet = self._active.get(name)
+            if fleet is None and not canaries:
+                continue
+            rollouts.append(Rollout(
+                name, fleet,
+                canaries={p: c for p, c in canaries.items() if not c.spec.dry_run},
+                shadows={p: c for p, c in canaries.items() if c.spec.dry_run}))
+        self._rollouts = (self.generation, rollouts)
+        return rollouts
+
+    def get(self, name: str, pool: str | None = None) -> PolicySpec | None:
+        """The version of ``name`` that acts for the workers of ``pool``."""
+        if pool is not None:
+            canary = self.canaries(name).get(pool)
+            if canary is not None and not canary.spec.dry_run:
+                return canary.spec
         compiled = self._active.get(name)
         return compiled.spec if compiled else None
 
     def versions(self, name: str) -> list[int]:
         return sorted(self._versions.get(name, {}))
+
+    def version_specs(self, name: str) -> dict[int, PolicySpec]:
+        """Every version of ``name`` installed, fleet or canary (a fleet version replaces
+        the promoted canary of its number, the same body)."""
+        return dict(sorted(self._versions.get(name, {}).items()))
+
+    def latest_version(self, name: str) -> int:
+        """The highest version of ``name`` seen or deleted, fleet or canary: a new one
+        (tuned, promoted, reverted) is numbered after it."""
+        deleted = [v for (n, _), v in self._canary_deleted_up_to.items() if n == name]
+        return max([*self._versions.get(name, {}), self._deleted_up_to.get(name, 0), *deleted],
+                   default=0)
 
     def install(self, spec: PolicySpec) -> PolicyDecision | None:
         """Verify and run ``spec``; ``None`` when it is the version already running."""
@@ -150,9 +230,14 @@ class PolicyRegistry:
         except SignatureError as exc:
             return self._rejected(spec.name, spec.version, f"signature: {exc}")
         deleted = self._deleted_up_to.get(spec.name)
+        if spec.pool is not None:
+            deleted = max(deleted or 0, self._canary_deleted_up_to.get(
+                (spec.name, spec.pool), 0)) or None
         if deleted is not None and spec.version <= deleted:
             return self._rejected(spec.name, spec.version,
                                   f"deleted up to v{deleted}; publish a later version")
+        if spec.pool is not None:
+            return self._install_canary(spec, spec.pool)
         current = self._active.get(spec.name)
         if current is not None:
             if spec.version == current.spec.version and spec == current.spec:
@@ -166,15 +251,47 @@ class PolicyRegistry:
             compiled = compile_policy(spec, self.limits.condition)
         except PolicyRejected as exc:
             return self._rejected(spec.name, spec.version, exc.reason)
+        promoted = sorted(pool for pool, canary in self._canaries.get(spec.name, {}).items()
+                          if canary.spec.version == spec.version)
         self._active[spec.name] = compiled
         self._versions.setdefault(spec.name, {})[spec.version] = spec
         self.generation += 1
-        uncovered = [c.not_covered for c in (compiled.enter, compiled.exit) if c and c.not_covered]
-        note = f" (row by row in cel-python: {uncovered[0]})" if uncovered else ""
+        note = _row_by_row(compiled)
+        if promoted:
+            note += f", promoted from the canary in pool {', '.join(promoted)}"
         return PolicyDecision(
             policy_name=spec.name, policy_version=spec.version,
             decision=DecisionKind.POLICY_ACCEPTED,
             detail=f"running v{spec.version}{' in dry-run' if spec.dry_run else ''}{note}",
+        )
+
+    def _install_canary(self, spec: PolicySpec, pool: str) -> PolicyDecision | None:
+        current = self._canaries.get(spec.name, {}).get(pool)
+        if current is not None:
+            if spec.version == current.spec.version and spec == current.spec:
+                return None
+            if spec.version <= current.spec.version:
+                return self._rejected(
+                    spec.name, spec.version, f"version {spec.version} is not newer than "
+                    f"v{current.spec.version}, the canary in pool {pool}")
+        fleet = self.get(spec.name)
+        if fleet is not None and spec.version <= fleet.version:
+            return self._rejected(spec.name, spec.version, f"canary v{spec.version} in pool "
+                                  f"{pool} is not newer than v{fleet.version}, the fleet's")
+        try:
+            compiled = compile_policy(spec, self.limits.condition)
+        except PolicyRejected as exc:
+            return self._rejected(spec.name, spec.version, exc.reason)
+        self._canaries.setdefault(spec.name, {})[pool] = compiled
+        self._versions.setdefault(spec.name, {})[spec.version] = spec
+        self.generation += 1
+        instead = f"v{fleet.version}" if fleet is not None else "nothing"
+        how = f"in dry-run beside {instead}" if spec.dry_run else f"in place of {instead}"
+        return PolicyDecision(
+            policy_name=spec.name, policy_version=spec.version,
+            decision=DecisionKind.POLICY_ACCEPTED,
+            detail=f"running v{spec.version} as a canary in pool {pool}, {how}"
+                   f"{_row_by_row(compiled)}",
         )
 
     def offer(self, key: bytes | None, value: bytes | None) -> PolicyDecision | None:
@@ -185,7 +302,8 @@ class PolicyRegistry:
         except Exception as exc:  # no record can stop the registry
             return self._rejected(name, 0, f"{type(exc).__name__}: {exc}")
 
-    def _offer(self, name: str, value: bytes | None) -> PolicyDecision | None:
+    def _offer(self, key: str, value: bytes | None) -> PolicyDecision | None:
+        name = key.partition("@")[0]
         if value is None:
             running = self._active.get(name)
             return self._rejected(
@@ -198,13 +316,13 @@ class PolicyRegistry:
         except PolicyRejected as exc:
             return self._rejected(name, 0, exc.reason)
         if isinstance(record, PolicyDeletion):
-            if record.deletes != name:
-                return self._rejected(name, record.up_to_version,
-                                      f"keyed {name!r} but deletes {record.deletes!r}")
+            if policy_key(record.deletes, record.pool) != key:
+                return self._rejected(name, record.up_to_version, f"keyed {key!r} but deletes "
+                                      f"{policy_key(record.deletes, record.pool)!r}")
             return self.delete(record)
-        if record.name != name:
-            return self._rejected(name, record.version,
-                                  f"keyed {name!r} but named {record.name!r}")
+        if policy_key(record.name, record.pool) != key:
+            return self._rejected(name, record.version, f"keyed {key!r} but named "
+                                  f"{policy_key(record.name, record.pool)!r}")
         return self.install(record)
 
     def delete(self, deletion: PolicyDeletion) -> PolicyDecision | None:
@@ -215,21 +333,46 @@ class PolicyRegistry:
             verify(deletion, self._signing_key)
         except SignatureError as exc:
             return self._rejected(name, up_to, f"deletion signature: {exc}")
+        if deletion.pool is not None:
+            return self._roll_back(name, deletion.pool, up_to)
         self._deleted_up_to[name] = max(self._deleted_up_to.get(name, 0), up_to)
+        canaries = self._canaries.get(name, {})
+        for pool in [p for p, c in canaries.items() if c.spec.version <= up_to]:
+            del canaries[pool]
+            self.generation += 1
         running = self._active.get(name)
         if running is None or running.spec.version > up_to:
             return None
         del self._active[name]
         self.generation += 1
         return PolicyDecision(
-            policy_name=_audit_name(name), policy_version=running.spec.version,
+            policy_name=audit_name(name), policy_version=running.spec.version,
             decision=DecisionKind.POLICY_DELETED,
             detail=f"signed deletion up to v{up_to} on the policies topic",
+        )
+
+    def _roll_back(self, name: str, pool: str, up_to: int) -> PolicyDecision | None:
+        key = (name, pool)
+        self._canary_deleted_up_to[key] = max(self._canary_deleted_up_to.get(key, 0), up_to)
+        canary = self._canaries.get(name, {}).get(pool)
+        if canary is None or canary.spec.version > up_to:
+            return None
+        del self._canaries[name][pool]
+        self.generation += 1
+        fleet = self.get(name)
+        now = f"v{fleet.version}" if fleet is not None else "nothing"
+        how = ("removed after its promotion" if fleet is not None
+               and fleet.version >= canary.spec.version else "rolled back")
+        return PolicyDecision(
+            policy_name=audit_name(name), policy_version=canary.spec.version,
+            decision=DecisionKind.POLICY_DELETED,
+            detail=f"canary v{canary.spec.version} in pool {pool} {how}: pool {pool} "
+                   f"runs {now}",
         )
 
     @staticmethod
     def _rejected(name: str, version: int, reason: str) -> PolicyDecision:
         return PolicyDecision(
-            policy_name=_audit_name(name), policy_version=max(version, 0),
+            policy_name=audit_name(name), policy_version=max(version, 0),
             decision=DecisionKind.POLICY_REJECTED, detail=reason[:2048],
         )

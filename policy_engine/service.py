@@ -1,5 +1,6 @@
 """Wiring the policy engine into a Faust app: the registry built from the built-in pack
-(signed with this installation's key) and the policies topic, then the agents."""
+(signed with this installation's key) and the policies topic, the pools from the pools
+topic, then the agents."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dsec.policy_engine.agent import (
 )
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.limits import PolicyLimits
-from dsec.policy_engine.policy_log import read_policy_log
+from dsec.policy_engine.policy_log import read_policy_log, read_pool_log
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import PolicyDecision, topic_names
 from dsec.schemas.settings import DsecSettings
@@ -41,16 +43,30 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
     return registry, decisions, next_offset
 
 
+def build_pools(settings: DsecSettings) -> tuple[PoolRegistry, list[PolicyDecision], int]:
+    """The pools, what loading them decided, and the pools-topic offset to take over from."""
+    pools = PoolRegistry(settings.signing_key_bytes())
+    decisions: list[PolicyDecision] = []
+    records, next_offset = read_pool_log(settings)
+    for entry in records:
+        record = pools.offer(entry.key, entry.value)
+        if record is not None:
+            decisions.append(record)
+    return pools, decisions, next_offset
+
+
 def register(
     app: App, settings: DsecSettings, options: EngineOptions | None = None,
     metrics: ProcessMetrics | None = None,
 ) -> EngineCounters:
     ensure_changelog_topics(settings, app.conf.id, list(TABLES), app.conf.topic_partitions)
     registry, decisions, next_offset = build_registry(settings)
+    pools, pool_decisions, pools_offset = build_pools(settings)
     return register_policy_engine(
         app, topic_names(settings.topic_prefix), registry, settings.signing_key_bytes(),
-        options=options, startup_decisions=decisions, policies_from_offset=next_offset,
-        metrics=metrics,
+        options=options, startup_decisions=decisions + pool_decisions,
+        policies_from_offset=next_offset, metrics=metrics, pools=pools,
+        pools_from_offset=pools_offset,
     )
 
 
@@ -72,7 +88,8 @@ def run_policy_engine(settings: DsecSettings, options: EngineOptions | None = No
     register(app, settings, options, metrics=metrics)
     topics = topic_names(settings.topic_prefix)
     watch_faust_app(app, metrics, {topics.features: "policy-engine",
-                                   topics.policies: "policy-engine"})
+                                   topics.policies: "policy-engine",
+                                   topics.pools: "policy-engine"})
     server = serve_metrics(settings, metrics)
     worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:

@@ -11,8 +11,9 @@ from pathlib import Path
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.feature_memory import KnownFeatures
+from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
-from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, decode, sign
+from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode, sign
 
 
 @dataclass
@@ -35,20 +36,26 @@ def read_trace(path: Path) -> Iterator[FeatureEvent]:
 
 def replay(
     policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1,
+    pools: Iterable[PoolSpec] = (),
     known: MutableMapping[str, KnownFeatures] | None = None,
 ) -> Replay:
     """Event-time order, ``batch_size`` events per evaluation; a meta-policy's new
-    versions take effect at once, as they would once back from the policies topic.
-    ``known``: the targets' last known features to start from and to keep (a fresh
-    memory when not given)."""
+    versions take effect at once, as they would once back from the policies and pools
+    topics. ``known``: the targets' last known features to start from and to keep (a
+    fresh memory when not given)."""
     key = secrets.token_bytes(32)  # offline: the policies are trusted as given
     registry = PolicyRegistry(key)
     for policy in policies:
         decision = registry.install(sign(policy, key))
         if decision is not None and decision.decision == "policy_rejected":
             raise PolicyRejected(f"{policy.name}: {decision.detail}")
+    pool_registry = PoolRegistry(key)
+    for pool in pools:
+        decision = pool_registry.install(sign(pool, key))
+        if decision is not None and decision.decision == "pool_rejected":
+            raise PolicyRejected(f"pool {pool.name}: {decision.detail}")
     result = Replay()
-    engine = Engine(registry, result.states, {}, key, known)
+    engine = Engine(registry, result.states, {}, key, pool_registry, known)
     ordered = sorted(events, key=lambda e: e.event_time_ms)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start:start + batch_size]
@@ -59,4 +66,5 @@ def replay(
         result.output.commands += step.commands
         result.output.decisions += step.decisions
         result.output.policies += step.policies
+        result.output.pools += step.pools
     return result

@@ -28,6 +28,7 @@ from dsec.schemas.metrics import (
     StepSample,
 )
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicyDeletion, PolicySpec
+from dsec.schemas.pools import PoolDeletion, PoolSpec
 from dsec.schemas.runtimes import RegisteredRuntime, RuntimeMetricsPost, RuntimeRegistration
 from dsec.schemas.signing import SignatureError, sign, verify
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
@@ -57,6 +58,8 @@ __all__ = [
     "PolicyDecision",
     "PolicyDeletion",
     "PolicySpec",
+    "PoolDeletion",
+    "PoolSpec",
     "RecoverySample",
     "RegisteredRuntime",
     "RuntimeMetricsPost",

@@ -11,10 +11,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dsec.schemas.base import EpochMs, Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import EpochMs, Event, Identifier, Model, Version, WorkerIdentity
 
 MIB = 1 << 20
 GIB = 1 << 30
+
+# An undo's value: back to the worker's own setting, whatever it ran before the first
+# command (an fp32 worker downgraded to fp16 returns to fp32).
+ORIGINAL = "original"
+Original = Literal["original"]
 
 
 class ActionKind(StrEnum):
@@ -40,17 +45,17 @@ class MemoryCapParams(Model):
 
 class PrecisionParams(Model):
     kind: Literal[ActionKind.PRECISION] = ActionKind.PRECISION
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: Literal["bf16", "fp16", "fp32"] | Original
 
 
 class GradCompressionParams(Model):
     kind: Literal[ActionKind.GRAD_COMPRESSION] = ActionKind.GRAD_COMPRESSION
-    bits: Literal[4, 8, 16, 32]
+    bits: Literal[4, 8, 16, 32] | Original
 
 
 class GradAccumulationParams(Model):
     kind: Literal[ActionKind.GRAD_ACCUMULATION] = ActionKind.GRAD_ACCUMULATION
-    steps: Annotated[int, Field(ge=1, le=64)]
+    steps: Annotated[int, Field(ge=1, le=64)] | Original
 
 
 class SamplerParams(Model):
@@ -97,7 +102,7 @@ class ActuationCommand(Event):
     target: WorkerIdentity
     expires_at_ms: EpochMs
     policy_name: Identifier
-    policy_version: Annotated[int, Field(ge=0)]
+    policy_version: Version
     action: ActionParams
     reason: Annotated[str, Field(max_length=1024)] = ""
     signature: Annotated[str, Field(max_length=256)] | None = None
@@ -113,11 +118,20 @@ class ActuationCommand(Event):
 
 
 class ActuationStatus(StrEnum):
-    APPLIED = "applied"
+    APPLIED = "applied"  # in force, and read back from the loop that uses it
     FAILED = "failed"
     REJECTED = "rejected"
     STALE = "stale"
     SUPERSEDED = "superseded"
+    # the worker's loop does not use what would carry it out; the detail names the line
+    # that attaches it
+    UNSUPPORTED = "unsupported"
+    # accepted, not yet in force (a memory cap below what the process holds): applied, and
+    # reported again, once it can be without harm
+    DEFERRED = "deferred"
+
+
+SettingValue = Annotated[str, Field(max_length=64)]
 
 
 class ActuationResult(Event):
@@ -127,3 +141,8 @@ class ActuationResult(Event):
     status: ActuationStatus
     detail: Annotated[str, Field(max_length=2048)] = ""
     command_time_ms: EpochMs | None = None
+    # The setting the command asked for and the one the worker's loop runs with, read
+    # back (they differ while a change waits, or where a data-parallel group agrees on
+    # another); None where the action has no lasting setting or the worker did not say.
+    requested: SettingValue | None = None
+    in_force: SettingValue | None = None

@@ -6,13 +6,23 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
 
 # Identifiers travel in Kafka keys and ClickHouse sort keys: short, printable.
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/]+$")]
 EpochMs = Annotated[int, Field(ge=0, le=32503680000000)]  # up to year 3000
+# Integers are bounded by the columns that store them (and by what the JSON encoder writes):
+# an event past them would decode here and then fail to encode or to be stored.
+INT64_MAX = 2**63 - 1
+UINT32_MAX = 2**32 - 1
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Version = Annotated[int, Field(ge=0, le=UINT32_MAX)]  # policy versions: UInt32 columns
+LabelKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+LabelValue = Annotated[str, Field(max_length=128)]
+# Tags the stream jobs set themselves on feature events; a worker label may not take them.
+RESERVED_LABELS = frozenset({"pool", "gpu_model", "episode_end_reason"})
 
 
 def new_event_id() -> str:
@@ -38,8 +48,28 @@ class Event(Model):
 
 
 class WorkerIdentity(Model):
-    """Who produced an event: the job, the training worker and the node it runs on."""
+    """Who produced an event: the job, the training worker and the node it runs on, the
+    resource pool it runs in (``dsec.init(pool=...)``, ``DSEC_POOL``) and its labels.
+
+    ``pool`` and ``labels`` are None when not given, so that the canonical (signed) form
+    of an identity without them is what it always was.
+    """
 
     job_id: Identifier
     worker_id: Identifier
     node_id: Identifier
+    pool: Identifier | None = None
+    labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=16)] | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _not_reserved(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        taken = sorted(set(labels or ()) & RESERVED_LABELS)
+        if taken:
+            raise ValueError(f"reserved label names: {', '.join(taken)}")
+        return labels
+
+    def __hash__(self) -> int:
+        # Identities key sets and maps; a frozen model holding a dict hashes by its items.
+        labels = tuple(sorted(self.labels.items())) if self.labels else None
+        return hash((self.job_id, self.worker_id, self.node_id, self.pool, labels))

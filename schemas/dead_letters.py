@@ -7,15 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from dsec.schemas.base import Event
+from dsec.schemas.base import Count, Event
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 
 
 class DeadLetter(Event):
     source_topic: Annotated[str, Field(max_length=249)]
-    partition: Annotated[int, Field(ge=0)]
-    offset: Annotated[int, Field(ge=0)]
+    partition: Annotated[int, Field(ge=0, le=2**31 - 1)]  # Kafka's are int32
+    offset: Count
     reason: Annotated[str, Field(max_length=4096)]
     payload: str
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"

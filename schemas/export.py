@@ -12,6 +12,7 @@ from dsec.schemas.dead_letters import DeadLetter
 from dsec.schemas.features import FeatureEvent
 from dsec.schemas.metrics import MetricBatch, PackedColumn
 from dsec.schemas.policies import PolicyDecision, PolicySpec
+from dsec.schemas.pools import PoolSpec
 from dsec.schemas.runtimes import RuntimeMetricsPost, RuntimeRegistration
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
@@ -20,6 +21,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "feature_event": FeatureEvent,
     "policy_spec": PolicySpec,
     "policy_decision": PolicyDecision,
+    "pool_spec": PoolSpec,
     "actuation_command": ActuationCommand,
     "actuation_result": ActuationResult,
     "dead_letter": DeadLetter,

@@ -38,11 +38,21 @@ class _FieldRule:
     choices: frozenset[str] | None
     max_length: int | None
     pattern: re.Pattern[str] | None = None
+    min_length: int = 0
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as pydantic matches it: its "$" is the end of the text, where Python's
+    "$" also matches before a final newline ("GPU-1\n" would pass)."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
 
 
 def _rule(info: Any, dtype: Any) -> _FieldRule:
     lower = upper = None
     max_length = None
+    min_length = 0
     pattern = None
     annotation = info.annotation
     metadata = list(info.metadata)
@@ -63,15 +73,17 @@ def _rule(info: Any, dtype: Any) -> _FieldRule:
             upper = (float(item.lt), False)
         elif isinstance(item, annotated_types.MaxLen):
             max_length = item.max_length
+        elif isinstance(item, annotated_types.MinLen):
+            min_length = item.min_length
         if getattr(item, "pattern", None):
-            pattern = re.compile(item.pattern)
+            pattern = _pattern(item.pattern)
     choices = None
     literal_args = [a for a in (annotation, *args) if typing.get_origin(a) is typing.Literal]
     if literal_args:
         choices = frozenset(str(v) for v in typing.get_args(literal_args[0]))
     return _FieldRule(dtype=dtype, required=info.is_required(), nullable=nullable,
                       default=info.default, lower=lower, upper=upper, choices=choices,
-                      max_length=max_length, pattern=pattern)
+                      max_length=max_length, pattern=pattern, min_length=min_length)
 
 
 RULES: dict[str, dict[str, _FieldRule]] = {
@@ -113,6 +125,8 @@ def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
     if rule.dtype is np.int64:
         if array.dtype.kind == "f" and not (np.isfinite(array) & (array == np.floor(array))).all():
             raise _fail(kind, name, "expected integers, got a number with a fractional part")
+        if array.dtype.kind == "f" and ((array >= 2.0**63) | (array < -(2.0**63))).any():
+            raise _fail(kind, name, "integer out of range")
         if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
             raise _fail(kind, name, "integer out of range")
         array = array.astype(np.int64, copy=False)
@@ -185,6 +199,8 @@ def _strings(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
             raise _fail(kind, name, "expected a list of strings")
         if rule.max_length is not None and len(value) > rule.max_length:
             raise _fail(kind, name, f"strings must be at most {rule.max_length} characters")
+        if len(value) < rule.min_length:
+            raise _fail(kind, name, f"strings must be at least {rule.min_length} characters")
         if rule.pattern is not None and not rule.pattern.search(value):
             raise _fail(kind, name, f"strings must match {rule.pattern.pattern}")
         if rule.choices is not None and value not in rule.choices:
@@ -235,6 +251,12 @@ def _frame(kind: str, columns: Any) -> Frame:
     return frame
 
 
+def _with_samples(frames: dict[str, Frame]) -> dict[str, Frame]:
+    """The frames that hold samples: a kind sent with none (``"recovery": {"event_time_ms":
+    []}``) is no frame at all, whichever form it came in."""
+    return {kind: frame for kind, frame in frames.items() if frame["event_time_ms"].size}
+
+
 @dataclass(frozen=True)
 class DecodedBatch:
     header: MetricBatch  # identity and ids; its samples and columns are left empty
@@ -262,7 +284,7 @@ def decode_metric_batch(
     columns = document.pop("columns", None)
     if document.get("samples"):
         batch = decode(data, MetricBatch)
-        frames = batch_frames(batch)
+        frames = _with_samples(batch_frames(batch))
         if event_times is not None:
             check_event_times(frames, event_times, now_ms, "samples")
         return DecodedBatch(batch.model_copy(update={"samples": [], "columns": None}), frames)
@@ -274,5 +296,4 @@ def decode_metric_batch(
     frames = {kind: _frame(kind, cols) for kind, cols in columns.items() if cols is not None}
     if event_times is not None:
         check_event_times(frames, event_times, now_ms, "columns")
-    return DecodedBatch(header, {kind: f for kind, f in frames.items()
-                                 if f["event_time_ms"].size})
+    return DecodedBatch(header, _with_samples(frames))

@@ -1,4 +1,13 @@
-"""Feature events: what the stream jobs derive per worker (and per GPU)."""
+"""Feature events: what the stream jobs derive per worker (and per GPU), and per pool and
+per job (fleet features).
+
+A fleet feature event is a ``FeatureEvent`` with ``scope="pool"`` (or ``"job"``) whose
+identity is ``fleet_identity(job_id, pool)``: the pool stands where a worker would
+(``worker_id="pool:<pool>"``, ``node_id="fleet"``, ``pool=<pool>``; ``worker_id="job"``
+and no pool for a whole job), keyed by that ``worker_id`` on the features topic, its
+``window`` the time window its values cover (``"1h"``), its features named in
+``FLEET_FEATURES`` and its tags ``{"pool": <pool>}``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import UINT32_MAX, Count, Event, Identifier, Model, WorkerIdentity
 
 FeatureName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 TagValue = Annotated[str, Field(max_length=128)]
@@ -21,6 +30,16 @@ class RegimeGrowth(Model):
 
 
 Regime = Literal["short", "medium", "long"]
+# What a feature event describes: one worker, one resource pool, or one whole job.
+FeatureScope = Literal["worker", "pool", "job"]
+FLEET_NODE = "fleet"
+
+
+def fleet_identity(job_id: str, pool: str | None = None) -> WorkerIdentity:
+    """The identity of a fleet feature event for ``pool`` of ``job_id`` (the whole job when
+    ``pool`` is None)."""
+    return WorkerIdentity(job_id=job_id, worker_id=f"pool:{pool}" if pool else "job",
+                          node_id=FLEET_NODE, pool=pool)
 
 
 class GpuProfileEvent(Event):
@@ -31,13 +50,14 @@ class GpuProfileEvent(Event):
     gpu_model: Annotated[str, Field(max_length=128)] = ""
     identity: WorkerIdentity
     regimes: dict[Regime, RegimeGrowth]
-    thermal_throttle_events: Annotated[int, Field(ge=0)] = 0
+    thermal_throttle_events: Annotated[int, Field(ge=0, le=UINT32_MAX)] = 0
     bandwidth_jitter: Annotated[float, Field(ge=0)] = 0.0
-    samples: Annotated[int, Field(ge=0)] = 0
+    samples: Count = 0
 
 
 class FeatureEvent(Event):
     identity: WorkerIdentity
+    scope: FeatureScope = "worker"
     gpu_uuid: Identifier | None = None
     window: Annotated[str, Field(max_length=64)] = ""
     features: Annotated[dict[FeatureName, float], Field(max_length=256)]
@@ -52,6 +72,10 @@ class FeatureEvent(Event):
         if bad:
             raise ValueError(f"non-finite feature values: {', '.join(sorted(bad))}")
         return features
+
+    def target_pool(self) -> str | None:
+        """The pool the event's target runs in: its identity's, else its ``pool`` tag."""
+        return self.identity.pool or self.tags.get("pool") or None
 
 
 # The feature catalogue: every name the stream jobs publish, with its unit. Policies are
@@ -119,8 +143,14 @@ WORKER_FEATURES: dict[str, str] = {
     "last_recovery_time_s": "how long the worker's last resume took (s)",
 }
 
+# Published per pool and per job (``scope`` "pool" or "job"); the window is the event's.
 FLEET_FEATURES: dict[str, str] = {
     "pool_utilisation_rate": "mean device utilisation over the pool (ratio 0..1)",
     "breaker_trips_per_hour": "circuit-breaker trips in the last hour (count)",
+    "interruptions_per_hour": "workers lost or resumed after an interruption, last hour (count)",
     "snapshot_recovery_time_s": "mean time to resume from a snapshot, last hour (s)",
+    "fleet_grad_sync_success_rate": "successful gradient syncs over all syncs of the scope's "
+                                    "workers in the window (ratio)",
+    "effective_training_time_ratio": "productive step time over wall time of the scope's "
+                                     "workers in the window (ratio 0..1)",
 }

@@ -17,12 +17,33 @@ import typing
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field, create_model, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, create_model, model_validator
 
-from dsec.schemas.base import EpochMs, Event, Identifier, Model, WorkerIdentity, new_event_id
+from dsec.schemas.base import (
+    Count,
+    EpochMs,
+    Event,
+    Identifier,
+    Model,
+    WorkerIdentity,
+    new_event_id,
+)
 
-FiniteOrNone = float | None  # non-finite values travel as None with a flag beside them
-NonNegativeInt = Annotated[int, Field(ge=0)]
+
+def _not_a_string(value: Any) -> Any:
+    # Lax validation would read "5" as 5: a number travels as a JSON number, and the
+    # column decoder refuses the string too.
+    if isinstance(value, str):
+        raise ValueError("expected a JSON number (or true/false), not a string")
+    return value
+
+
+_JSON = BeforeValidator(_not_a_string)  # on every number and flag of a sample
+Number = Annotated[float, _JSON]
+NonNegative = Annotated[float, Field(ge=0), _JSON]
+Flag = Annotated[bool, _JSON]
+FiniteOrNone = Number | None  # non-finite values travel as None with a flag beside them
+NonNegativeInt = Annotated[Count, _JSON]  # the raw tables keep integers as Int64
 
 
 class _Sample(Model):
@@ -32,12 +53,12 @@ class _Sample(Model):
     event_id: Annotated[str, Field(min_length=8, max_length=64)] = Field(
         default_factory=new_event_id
     )
-    event_time_ms: EpochMs
+    event_time_ms: Annotated[EpochMs, _JSON]
 
 
 class HeartbeatSample(_Sample):
     kind: Literal["heartbeat"] = "heartbeat"
-    interval_s: Annotated[float, Field(gt=0, le=3600)]
+    interval_s: Annotated[float, Field(gt=0, le=3600), _JSON]
     step: NonNegativeInt = 0
     samples_sent: NonNegativeInt = 0
     samples_buffered: NonNegativeInt = 0
@@ -54,10 +75,10 @@ class StepSample(_Sample):
     kind: Literal["step"] = "step"
     step: NonNegativeInt
     loss: FiniteOrNone = None
-    grad_norm: Annotated[float, Field(ge=0)] | None = None
-    loss_nonfinite: bool = False
-    grad_nonfinite: bool = False
-    step_time_ms: Annotated[float, Field(ge=0)] | None = None
+    grad_norm: NonNegative | None = None
+    loss_nonfinite: Flag = False
+    grad_nonfinite: Flag = False
+    step_time_ms: NonNegative | None = None
     # "probe": computed by the probe; "trainer": the norm the trainer already had (clipping);
     # "micro_step": one backward's gradients while the loop accumulates (the sample stands
     # for a micro-step of ``step``, not for a step of its own).
@@ -67,10 +88,10 @@ class StepSample(_Sample):
 class EpisodeSample(_Sample):
     kind: Literal["episode"] = "episode"
     episode_index: NonNegativeInt
-    reward: float
+    reward: Number
     length: NonNegativeInt
-    terminated: bool = True
-    truncated: bool = False
+    terminated: Flag = True
+    truncated: Flag = False
     termination_reason: Annotated[str, Field(max_length=256)] | None = None
 
 
@@ -80,11 +101,11 @@ class GpuSample(_Sample):
     gpu_model: Annotated[str, Field(max_length=128)] = ""
     memory_used_bytes: NonNegativeInt
     memory_total_bytes: NonNegativeInt
-    utilisation_pct: Annotated[float, Field(ge=0, le=100)] | None = None
-    temperature_c: float | None = None
-    sm_clock_mhz: Annotated[float, Field(ge=0)] | None = None
+    utilisation_pct: Annotated[float, Field(ge=0, le=100), _JSON] | None = None
+    temperature_c: Number | None = None
+    sm_clock_mhz: NonNegative | None = None
     throttle_reasons: NonNegativeInt = 0
-    power_w: Annotated[float, Field(ge=0)] | None = None
+    power_w: NonNegative | None = None
     # What the reporting process itself holds on this GPU (NVML's per-process figure),
     # beside the card-wide ``memory_used_bytes``; None where it cannot be read.
     process_memory_used_bytes: NonNegativeInt | None = None
@@ -94,8 +115,8 @@ class GradSyncSample(_Sample):
     kind: Literal["grad_sync"] = "grad_sync"
     step: NonNegativeInt
     bytes: NonNegativeInt
-    latency_ms: Annotated[float, Field(ge=0)]
-    ok: bool = True
+    latency_ms: NonNegative
+    ok: Flag = True
     op: Annotated[str, Field(max_length=64)] = "all_reduce"
     timer: Literal["wall_clock", "cuda_event"] = "wall_clock"
     error: Annotated[str, Field(max_length=256)] | None = None
@@ -111,7 +132,7 @@ class CudaMemorySample(_Sample):
     active_bytes: NonNegativeInt = 0
     peak_allocated_bytes: NonNegativeInt = 0
     # Reserved but not allocated, as a share of reserved: 0 when nothing is reserved.
-    fragmentation_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    fragmentation_ratio: Annotated[float, Field(ge=0, le=1), _JSON] = 0.0
     oom_count: NonNegativeInt = 0
     alloc_retry_count: NonNegativeInt = 0
 
@@ -121,9 +142,9 @@ class RuntimeSample(_Sample):
 
     kind: Literal["runtime"] = "runtime"
     runtime_type: Annotated[str, Field(min_length=1, max_length=64)]
-    concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
-    mean_call_latency_ms: Annotated[float, Field(ge=0)]
-    function_calling: bool
+    concurrency: Annotated[int, Field(ge=1, le=1_000_000), _JSON]
+    mean_call_latency_ms: NonNegative
+    function_calling: Flag
 
 
 class RecoverySample(_Sample):
@@ -131,7 +152,7 @@ class RecoverySample(_Sample):
 
     kind: Literal["recovery"] = "recovery"
     step: NonNegativeInt = 0
-    recovery_time_s: Annotated[float, Field(ge=0, le=86400)]
+    recovery_time_s: Annotated[float, Field(ge=0, le=86400), _JSON]
     source: Literal["snapshot", "checkpoint", "scratch"] = "snapshot"
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from dsec.schemas.actuations import ActionParams
-from dsec.schemas.base import Event, Identifier, Model, WorkerIdentity
+from dsec.schemas.base import Event, Identifier, Model, Version, WorkerIdentity
 
 Seconds = Annotated[float, Field(ge=0, le=30 * 86400)]
 ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
@@ -67,6 +67,23 @@ class PolicyStage(Model):
     )
 
 
+class ParamBounds(Model):
+    """The floor and ceiling of a tunable parameter: no version, pool override or
+    meta-policy may take it outside them, so a feedback loop cannot drive a cap to zero."""
+
+    min_value: Annotated[float, Field(allow_inf_nan=False)]
+    max_value: Annotated[float, Field(allow_inf_nan=False)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ParamBounds:
+        if self.min_value > self.max_value:
+            raise ValueError("min_value must not exceed max_value")
+        return self
+
+    def clamp(self, value: float) -> float:
+        return min(max(value, self.min_value), self.max_value)
+
+
 class PolicyTune(Model):
     """A meta-policy's action: publish a new version of ``policy`` with ``param`` moved by
     ``delta``, clamped to [``min_value``, ``max_value``]."""
@@ -92,12 +109,18 @@ class PolicySpec(Model):
     """
 
     name: Identifier
-    version: Annotated[int, Field(ge=0)] = 1
+    version: Version = 1
     description: Annotated[str, Field(max_length=4096)] = ""
     selector: TargetSelector = Field(default_factory=TargetSelector)
     params: Annotated[
         dict[ParamName, Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=32)
     ] = Field(default_factory=dict)
+    # Floors and ceilings of the parameters that may be tuned (by a pool or a meta-policy).
+    bounds: Annotated[dict[ParamName, ParamBounds], Field(max_length=32)] = Field(
+        default_factory=dict)
+    # A canary: this version runs for the workers of this pool alone, in place of the
+    # fleet's version while it is the newer (published keyed ``policy_key(name, pool)``).
+    pool: Identifier | None = None
     condition: Condition
     # Hysteresis: once active, stages come down only while this holds (default: the
     # condition does not hold), so a signal hovering at the threshold cannot flap.
@@ -126,6 +149,17 @@ class PolicySpec(Model):
         if not all(math.isfinite(value) for value in params.values()):
             raise ValueError("parameters must be finite")
         return params
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> PolicySpec:
+        for name, bounds in self.bounds.items():
+            value = self.params.get(name)
+            if value is None:
+                raise ValueError(f"bounds.{name}: no parameter {name!r}")
+            if bounds.clamp(value) != value:
+                raise ValueError(f"params.{name}: {value:g} outside its bounds "
+                                 f"[{bounds.min_value:g}, {bounds.max_value:g}]")
+        return self
 
     @model_validator(mode="after")
     def _one_kind_of_action(self) -> PolicySpec:
@@ -192,8 +226,16 @@ class PolicyDeletion(Event):
     deletion runs, and a replayed deletion does not remove it."""
 
     deletes: Identifier
-    up_to_version: Annotated[int, Field(ge=0)]
+    up_to_version: Version
+    # A canary's rollback: only the version for this pool (keyed ``policy_key``) goes.
+    pool: Identifier | None = None
     signature: Annotated[str, Field(max_length=256)] | None = None
+
+
+def policy_key(name: str, pool: str | None = None) -> str:
+    """The policies-topic key of policy ``name``'s fleet version, or of its canary in
+    ``pool`` (identifiers never contain ``@``)."""
+    return f"{name}@{pool}" if pool else name
 
 
 class DecisionKind(StrEnum):
@@ -207,11 +249,14 @@ class DecisionKind(StrEnum):
     POLICY_ACCEPTED = "policy_accepted"
     POLICY_DELETED = "policy_deleted"
     POLICY_REJECTED = "policy_rejected"
+    POOL_ACCEPTED = "pool_accepted"
+    POOL_DELETED = "pool_deleted"
+    POOL_REJECTED = "pool_rejected"
     EVALUATION_ERROR = "evaluation_error"
 
 class PolicyDecision(Event):
     policy_name: Identifier
-    policy_version: Annotated[int, Field(ge=0)]
+    policy_version: Version
     identity: WorkerIdentity | None = None
     decision: DecisionKind
     stage: Annotated[int, Field(ge=0, le=8)] | None = None

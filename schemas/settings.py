@@ -24,8 +24,18 @@ class DsecSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DSEC_", frozen=True, extra="forbid")
 
     bootstrap: str = "127.0.0.1:9092"
+    # Endpoint mode, for workers that cannot reach Kafka: the probe posts to the ingest
+    # gateway at this URL (http(s)://host:port) instead, presenting endpoint_token (the
+    # gateway's enrolment token, or this worker's own runtime token).
+    endpoint: str | None = None
+    endpoint_token: SecretStr | None = None
     topic_prefix: str = Field(default="dsec", pattern=r"^[A-Za-z0-9_.\-]+$")
     job_id: str = "default"
+    # The resource pool this process's workers run in (DSEC_POOL), and their labels
+    # (DSEC_LABELS as JSON): both travel in the worker's identity, for policy selectors
+    # and the pool's parameter overrides.
+    pool: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:\-/]{1,128}$")
+    labels: dict[str, str] = Field(default_factory=dict)
     # Of the topics dsec creates: `dsec init`'s and the stream jobs' table changelogs.
     replication_factor: int = Field(default=1, ge=1, le=16)
     # this machine's name for the node actuator and the workers on it (default: hostname;

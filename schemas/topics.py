@@ -35,6 +35,7 @@ TOPICS: dict[str, TopicSpec] = {
                   key="gpu_uuid/worker_id"),
         TopicSpec("gpu_cards", "gpu-cards.v1", 6, DAY_MS, key="gpu_uuid"),
         TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
+        TopicSpec("pools", "pools.v1", 1, -1, compacted=True, key="pool name"),
         TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
         TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
         TopicSpec("decisions", "policy-decisions.v1", 3, 7 * DAY_MS, key="policy name"),
@@ -50,6 +51,7 @@ class TopicNames:
     gpu_profiles: str
     gpu_cards: str
     policies: str
+    pools: str
     actuations: str
     actuation_results: str
     decisions: str

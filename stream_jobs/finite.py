@@ -3,7 +3,8 @@
 A finite but huge input (a reward of 1e308) overflows in the window statistics (its
 square is infinite); a feature event with such a value cannot be published. The message
 is then refused as a whole, with the features named, and the worker's state stays as it
-was before it, so the worker's later messages are derived as if it had never come.
+was before it, so the worker's later messages are derived as if it had never come. A
+message whose update fails outright is refused the same way, with the failure as reason.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def checked_update(
     try:
         update = worker_features.update(state, frames, partition, offset, now_ms, config,
                                         batch_id, identity)
-    except (ArithmeticError, ValueError) as exc:
-        return Update(state=state, skipped=True), f"features not computable: {exc}"
+    except Exception as exc:  # one message's features never stop the job's
+        return (Update(state=state, skipped=True),
+                f"features not computable: {type(exc).__name__}: {exc}")
     bad = nonfinite_outputs(update)
     if bad:
         return (Update(state=state, skipped=True),

@@ -97,6 +97,19 @@ class LivenessResult:
     lost_workers: int = 0
 
 
+def target_tags(identity: WorkerIdentity, state: WorkerState | None) -> dict[str, str]:
+    """What policy selectors match on: the worker's labels, its pool and its GPU's model
+    (of the GPU it reported last)."""
+    tags = dict(identity.labels or {})
+    if identity.pool:
+        tags["pool"] = identity.pool
+    if state is not None and state.gpus:
+        latest = max(state.gpus.values(), key=lambda gpu: gpu.last_time_ms)
+        if latest.model:
+            tags["gpu_model"] = latest.model[:128]
+    return tags
+
+
 class MetricsJob:
     def __init__(
         self,
@@ -155,7 +168,8 @@ class MetricsJob:
             result.lost_workers += 1
             assert state.identity is not None  # a state with a heartbeat has its identity
             event_id = derived_event_id("lost", worker, state.heartbeat.last_seen_ms)
-            result.outputs.append(self.feature_output(state.identity, lost, event_id))
+            result.outputs.append(self.feature_output(state.identity, lost, event_id,
+                                                      state=state))
             result.states[worker] = new_state
             self.counters.features_out += 1
             log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
@@ -171,10 +185,13 @@ class MetricsJob:
 
     def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
                        event_id: str, tags: dict[str, str] | None = None,
-                       gpu_uuid: str | None = None, window: str = "rolling") -> Output:
+                       state: WorkerState | None = None, gpu_uuid: str | None = None,
+                       window: str = "rolling") -> Output:
+        """``state``: the worker's, for the model of its GPU."""
         event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
                              identity=identity, gpu_uuid=gpu_uuid, window=window,
-                             features=values, tags=tags or {})
+                             features=values,
+                             tags={**target_tags(identity, state), **(tags or {})})
         return Output(self.topics.features, identity.worker_id.encode(), event)
 
     def dead_letter_output(self, record: Record, reason: str) -> Output:
@@ -203,6 +220,9 @@ class MetricsBatch:
             decoded = decode_metric_batch(record.value, job.event_times, self._batch_ms)
         except DecodeError as exc:
             return self._dead_letter(record, exc.reason)
+        except Exception as exc:  # a decoder's own failure refuses the message, not the job
+            return self._dead_letter(
+                record, f"invalid MetricBatch: undecodable: {type(exc).__name__}: {exc}")
         batch, frames = decoded.header, decoded.frames
         worker = batch.identity.worker_id
         job.counters.samples_in += decoded.sample_count()
@@ -232,6 +252,7 @@ class MetricsBatch:
         event_id = derived_event_id("features", worker, record.partition, record.offset)
         gpus = update.state.gpus
         output = job.feature_output(batch.identity, update.features, event_id, update.tags,
+                                    update.state,
                                     gpu_uuid=next(iter(gpus)) if len(gpus) == 1 else None)
         result.per_record.append(output)
         result.derived.setdefault(worker, []).append(update.features)

@@ -15,9 +15,11 @@ from rich.table import Table
 
 from dsec.bench.cli import bench_app
 from dsec.cli.actuator import actuator_command
+from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
 from dsec.cli.policy import policy_app
+from dsec.cli.pool import pool_app
 from dsec.schemas.settings import DsecSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -28,8 +30,10 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(bench_app, name="bench")
 app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
+app.add_typer(pool_app, name="pool")
 app.add_typer(experiment_app, name="experiment")
 app.command("ingest-gateway")(ingest_gateway)
+app.command("doctor")(doctor_command)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -179,7 +183,7 @@ def demo(
     table.add_column("what")
     table.add_column("count", justify="right")
     for name in ("metrics_stored", "features_stored", "actuations_emitted",
-                 "actuations_applied", "dead_letters"):
+                 "actuations_applied", "actuations_not_applied", "dead_letters"):
         table.add_row(name, str(summary[name]))
     console.print(table)
     console.print(f"History in {summary['clickhouse']}; try: "

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dsec.cli.policy_rollout import add_rollout_commands
 from dsec.schemas.settings import DsecSettings
 
 policy_app = typer.Typer(no_args_is_help=True, help="Policies as events: publish, list, test.")
@@ -57,15 +58,28 @@ def publish(
     file: Path,
     bump: Annotated[bool, typer.Option(help="Publish as the next version after the "
                                              "one on the topic.")] = False,
+    canary_pool: Annotated[str | None, typer.Option(
+        help="Run this version in this pool alone (a canary): `dsec policy promote` "
+             "makes it the fleet's, `dsec policy rollback` removes it.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Audit its decisions, command nothing (with --canary-pool: "
+                          "beside the version that acts in the pool).")] = False,
 ) -> None:
-    """Validate FILE, sign it with the configured key and publish it, keyed by its name."""
+    """Validate FILE, sign it with the configured key and publish it, keyed by its name
+    (by name@POOL for a canary)."""
     from dsec.policy_engine.policy_log import publish_policy, read_policy_log, topic_version
     from dsec.schemas import sign
 
     settings = DsecSettings()
     spec = _load(file, settings)
+    if canary_pool is not None or dry_run:
+        spec = _load_as(spec, canary_pool, dry_run)
     key = settings.signing_key_bytes()
     running = topic_version(read_policy_log(settings)[0], spec.name, key)
+    if canary_pool is not None:
+        from dsec.cli.policy_rollout import rollouts
+
+        running = rollouts(settings).registry.latest_version(spec.name) or None
     if running is not None:
         if bump:
             spec = spec.model_copy(update={"version": max(spec.version, running + 1)})
@@ -74,7 +88,25 @@ def publish(
                               "version (or --bump)[/red]")
             raise typer.Exit(1)
     publish_policy(settings, sign(spec, key))
-    console.print(f"published {spec.name} v{spec.version}")
+    where = f" as a canary in pool {canary_pool}" if canary_pool else ""
+    console.print(f"published {spec.name} v{spec.version}{where}"
+                  f"{' in dry run' if spec.dry_run else ''}")
+
+
+def _load_as(spec, pool: str | None, dry_run: bool):
+    """``spec`` as a canary of ``pool`` and/or in dry run, checked again as a whole."""
+    from pydantic import ValidationError
+
+    from dsec.schemas import PolicySpec
+    from dsec.schemas.codec import describe
+
+    body = spec.model_dump(mode="json", exclude_none=True)
+    try:
+        return PolicySpec.model_validate({**body, "pool": pool or body.get("pool"),
+                                          "dry_run": dry_run or spec.dry_run})
+    except ValidationError as exc:
+        err_console.print(f"[red]rejected: {describe(exc)}[/red]")
+        raise typer.Exit(2) from None
 
 
 @policy_app.command("delete")
@@ -216,3 +248,6 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = DsecSettings(**({"bootstrap": bootstrap} if bootstrap else {}))
     run_policy_engine(settings)
+
+
+add_rollout_commands(policy_app)

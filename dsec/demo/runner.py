@@ -83,6 +83,10 @@ def count_job_rows(settings: DsecSettings, job_id: str, since_s: float) -> dict[
             "actuations_applied": scalar(
                 "SELECT count() FROM actuation_results WHERE job_id = {job:String}"
                 " AND status = 'applied'", job=job_id),
+            # what a worker could not carry out (no hook for it) or has not yet
+            "actuations_not_applied": scalar(
+                "SELECT count() FROM actuation_results WHERE job_id = {job:String}"
+                " AND status IN ('unsupported', 'deferred')", job=job_id),
             "dead_letters": scalar(
                 "SELECT count() FROM dead_letters WHERE event_time >= toDateTime64({t:Float64}, 3)",
                 t=since_s),

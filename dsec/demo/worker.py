@@ -2,7 +2,10 @@
 
 A reward fault can be injected: from a given moment the environment's reward is
 scaled by a random factor per step (a broken reward function), which the worker
-trains on, as a sick worker would.
+trains on, as a sick worker would. The policy runs under ``dsec.autocast()`` and the
+update steps through its GradScaler, so a precision command is carried out; a snapshot
+command saves the policy. A lone worker has no gradient sync to compress or weigh: such
+commands are answered unsupported.
 """
 
 from __future__ import annotations
@@ -75,23 +78,25 @@ def main(argv: list[str] | None = None) -> int:
         snapshots.append(str(path))
         return f"saved {path}"
 
+    precision = dsec.controls().precision
     deadline = time.monotonic() + args.duration_s
     observation, _ = env.reset(seed=args.seed)
     while time.monotonic() < deadline:
         log_probs, rewards = [], []
         terminated = truncated = False
         while not (terminated or truncated):
-            logits = policy(torch.as_tensor(observation, dtype=torch.float32))
-            distribution = torch.distributions.Categorical(logits=logits)
+            with dsec.autocast():
+                logits = policy(torch.as_tensor(observation, dtype=torch.float32))
+            distribution = torch.distributions.Categorical(logits=logits.float())
             action = distribution.sample()
             log_probs.append(distribution.log_prob(action))
             observation, reward, terminated, truncated, _info = env.step(int(action))
             rewards.append(float(reward))
         loss = -(torch.stack(log_probs) * discounted_returns(rewards, 0.99)).sum()
         optimizer.zero_grad()
-        loss.backward()
+        precision.backward(loss)  # loss scaling while fp16
         dsec.report_step(loss)
-        optimizer.step()
+        precision.step(optimizer)
         episodes += 1
         dsec.report_episode_end(
             float(np.sum(rewards)), len(rewards), terminated=terminated, truncated=truncated,

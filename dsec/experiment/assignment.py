@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,15 @@ class Assignment:
 
 
 class Timeline:
-    """The worker's JSONL timeline: updates, episodes, actions applied, resumes, its death."""
+    """The worker's JSONL timeline: updates, episodes, actions and their outcomes,
+    resumes, its death. Written from the training and the sampling thread."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = path.open("a", buffering=1)
+        self._lock = threading.Lock()
 
     def write(self, event: str, **fields: Any) -> None:
-        self._handle.write(json.dumps({"e": event, "t": round(time.time(), 4), **fields}) + "\n")
+        line = json.dumps({"e": event, "t": round(time.time(), 4), **fields}) + "\n"
+        with self._lock:
+            self._handle.write(line)

@@ -38,11 +38,14 @@ class _Fault(BaseModel):
 
 class MemoryLeak(_Fault):
     """While active, the card fragments ``bytes_per_step`` per environment step of every
-    episode at least ``long_episode_steps`` long (a leak on long episodes only)."""
+    episode at least ``long_episode_steps`` long (a leak on long episodes only).
+    ``live_share`` of those bytes are live tensors instead, which nothing reclaims until
+    the fault ends (a cap below them waits: deferred, then applied)."""
 
     duration_h: Rate = 1.0
     long_episode_steps: int = Field(default=150, ge=1)
     bytes_per_step: int = Field(default=4 << 20, ge=0)
+    live_share: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class ThermalThrottle(_Fault):

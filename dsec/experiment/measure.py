@@ -112,10 +112,22 @@ def final_mean_return(timelines: Mapping[int, Sequence[Event]], t0: float, end_a
     return round(float(np.mean(means)), 2) if means else None
 
 
+def _applied(event: Event) -> bool:
+    return event["e"] == "action" and event.get("status", "applied") == "applied"
+
+
 def actions_applied(timelines: Mapping[int, Sequence[Event]]) -> list[dict]:
+    """Every action a worker reported applied (in force, read back), in time order."""
     return sorted(({"t": float(e["t"]), "worker": slot, "kind": e["kind"]}  # type: ignore[arg-type]
                    for slot, events in timelines.items() for e in events
-                   if e["e"] == "action"), key=lambda a: a["t"])
+                   if _applied(e)), key=lambda a: a["t"])
+
+
+def actions_not_applied(timelines: Mapping[int, Sequence[Event]]) -> dict[str, int]:
+    """``kind:status`` -> how many: what the workers reported instead (a cap deferred, an
+    action the loop did not carry out, a command superseded before it took effect)."""
+    return _count(f"{e['kind']}:{e['status']}" for events in timelines.values()
+                  for e in events if e["e"] == "action" and not _applied(e))
 
 
 @dataclass
@@ -131,6 +143,7 @@ class ArmResult:
     final_mean_return: float | None
     return_curve: list[float | None]
     actions: dict[str, int]
+    actions_not_applied: dict[str, int]
     action_timeline: list[dict]
     deaths: list[dict]
     per_worker: dict[int, dict]
@@ -169,6 +182,7 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
         final_mean_return=final_mean_return(timelines, t0, end_at),
         return_curve=return_curve(timelines, t0, end_at),
         actions=_count(a["kind"] for a in applied),
+        actions_not_applied=actions_not_applied(timelines),
         action_timeline=[{**a, "t": round(a["t"] - t0, 2)} for a in applied],
         deaths=[{"worker": slot, "t": round(float(e["t"]) - t0, 2),  # type: ignore[arg-type]
                  "cause": e.get("cause", "unknown")}

@@ -85,6 +85,7 @@ def render_report(result: dict, runs: list[dict]) -> str:
     causes = "".join(
         f"<tr><td>{arm}</td><td>{html.escape(str(r[arm].get('causes')))}</td>"
         f"<td>{html.escape(str(r[arm].get('actions')))}</td>"
+        f"<td>{html.escape(str(r[arm].get('actions_not_applied')))}</td>"
         f"<td>{html.escape(str(r[arm].get('policy_decisions')))}</td></tr>"
         for r in runs for arm in ARMS)
     curves = "".join(
@@ -117,7 +118,8 @@ def render_report(result: dict, runs: list[dict]) -> str:
         f"{rows}</table><h2>Return curves (mean episode return per twelfth of the run)</h2>"
         f"{curves}<h2>Actuation timeline and deaths</h2>{''.join(timelines)}"
         "<h2>Causes, actions applied, policy decisions</h2><table><tr><th>arm</th>"
-        f"<th>interruption causes</th><th>actions applied</th><th>decisions</th></tr>{causes}"
+        "<th>interruption causes</th><th>actions applied</th>"
+        f"<th>not applied (deferred, unsupported, …)</th><th>decisions</th></tr>{causes}"
         "</table><h2>Per worker</h2><table><tr><th>arm</th><th>seed</th><th>worker</th>"
         "<th>interruptions</th><th>productive s</th><th>lost work s</th><th>updates kept</th>"
         f"</tr>{per_worker}</table></body></html>")

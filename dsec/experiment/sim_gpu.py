@@ -7,12 +7,16 @@ allocation past what the card (or the per-process fraction) allows raises
 ``SimulatedOutOfMemoryError``; the worker lets it kill the process, as a CUDA OOM does.
 
 Memory model, stated plainly: ``allocated`` is the live working set of the step (base
-plus activations proportional to the batch); ``fragmented`` is memory the simulated
-caching allocator keeps in split, unusable blocks. Episode-length-dependent tensor shapes
-fragment it; a leak fault makes a card fragment on long episodes. Without a per-process
-fraction the allocator keeps those blocks until the card is full and the next allocation
-fails (OOM). Under a fraction it garbage-collects them when the fraction is reached, as
-PyTorch's allocator does with ``garbage_collection_threshold``, so it stays at the cap.
+plus activations proportional to the batch); ``held`` is live memory beyond it, tensors
+the process keeps referenced (a leak of live tensors), which nothing can reclaim until
+the process lets go of them; ``fragmented`` is memory the simulated caching allocator
+keeps in split, unusable blocks. Episode-length-dependent tensor shapes fragment it; a
+leak fault makes a card fragment on long episodes. Without a per-process fraction the
+allocator keeps those blocks until the card is full and the next allocation fails (OOM).
+Under a fraction it garbage-collects them when the fraction is reached, as PyTorch's
+allocator does with ``garbage_collection_threshold``, so it stays at the cap;
+``empty_cache`` releases them at once. A fraction below the live memory (allocated plus
+held) makes the next allocation fail, as on a real card.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class SimulatedGpu:
         self._now = clock
         self._lock = threading.Lock()
         self.allocated_bytes = 0
+        self.held_bytes = 0
         self.fragmented_bytes = 0
         self.fraction: float | None = None
         self.reclaimed_bytes = 0
@@ -81,7 +86,11 @@ class SimulatedGpu:
     # -- memory ------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return self.allocated_bytes + self.fragmented_bytes
+        return self.allocated_bytes + self.held_bytes + self.fragmented_bytes
+
+    @property
+    def live_bytes(self) -> int:
+        return self.allocated_bytes + self.held_bytes
 
     @property
     def limit_bytes(self) -> int:
@@ -101,6 +110,18 @@ class SimulatedGpu:
         with self._lock:
             self._fit(nbytes)
             self.fragmented_bytes += nbytes
+
+    def hold(self, nbytes: int) -> None:
+        """The process keeps ``nbytes`` more of live tensors (a leak nothing reclaims)."""
+        with self._lock:
+            self._fit(nbytes)
+            self.held_bytes += nbytes
+
+    def release_held(self) -> int:
+        """The process lets go of the live tensors it held; how many bytes."""
+        with self._lock:
+            released, self.held_bytes = self.held_bytes, 0
+            return released
 
     def _fit(self, nbytes: int) -> None:
         limit = self.limit_bytes
@@ -175,6 +196,20 @@ class SimulatedGpu:
                 released = min(self.fragmented_bytes, self.used_bytes - self.limit_bytes)
                 self.fragmented_bytes -= released
                 self.reclaimed_bytes += released
+
+    def get_fraction(self, device: int) -> float:
+        return 1.0 if self.fraction is None else self.fraction
+
+    def memory_allocated(self, device: int) -> int:
+        return self.live_bytes
+
+    def memory_reserved(self, device: int) -> int:
+        return self.used_bytes
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            self.reclaimed_bytes += self.fragmented_bytes
+            self.fragmented_bytes = 0
 
     # -- the pynvml functions the NVML sampler calls -------------------------------------
     def nvmlInit(self) -> None:

@@ -1,6 +1,8 @@
 """One worker of the simulated cluster: PPO on CartPole with the dsec probe and apply
 hooks, a SimulatedGpu, the scenario's faults, and a gradient all-reduce over gloo shared
-with the other workers of its node group.
+with the other workers of its node group. Rollouts come from an asynchronous sampling
+thread that waits at the sampler gate; while it is paused the worker keeps stepping with
+its group, contributing nothing to the gradient.
 
 The process starts, imports, then waits for its assignment (one JSON line on stdin), so
 a supervisor can keep a warm spare. It appends its timeline to a JSONL file (updates,
@@ -25,11 +27,13 @@ import torch
 import torch.distributed as dist
 
 import dsec
+from dsec.actuators.effects import Effect
 from dsec.actuators.memory_cap import MemoryCap
 from dsec.actuators.restore import NoSnapshotError
 from dsec.experiment.assignment import Assignment, Timeline
 from dsec.experiment.faults import FaultEvent
-from dsec.experiment.ppo import ActorCritic, PpoConfig, build_rollout, ppo_loss
+from dsec.experiment.ppo import ActorCritic, PpoConfig, Rollout, build_rollout, ppo_loss
+from dsec.experiment.rollout_sampler import RolloutSampler
 from dsec.experiment.sim_gpu import SimulatedGpu, SimulatedOutOfMemoryError
 from dsec.experiment.worker_faults import ScheduledFaults
 from dsec.experiment.worker_group import GroupSync
@@ -45,6 +49,7 @@ SIM_BASE_BYTES = int(2.5 * GIB)
 SIM_ACTIVATION_BYTES_PER_SAMPLE = 1 << 20
 INFERENCE_KERNEL_S = 0.002  # per rollout step (all envs batched)
 TRAIN_KERNEL_S = 0.03  # per minibatch (forward + backward + optimizer)
+ROLLOUT_WAIT_S = 0.05  # the training thread applies commands between waits for a rollout
 PROBE_CONFIG = ProbeConfig(
     heartbeat_interval_s=2.0, step_sample_every_n_steps=1, grad_norm_every_n_steps=1,
     grad_sync_timing=False, cuda_memory_interval_s=0, gpu_sample_interval_s=0,
@@ -123,12 +128,12 @@ class ExperimentWorker:
         self.startup_s["init_s"] = time.time() - assigned_s
         self.controls = dsec.controls()
         self.controls.memory_cap = MemoryCap(cuda=self.gpu)  # the cap lands on the card
-        self.sampler = NvmlSampler(self.runtime.probe, 0.5, nvml=self.gpu).start()
+        self.nvml = NvmlSampler(self.runtime.probe, 0.5, nvml=self.gpu).start()
         self.snapshot_dir = a.arm_dir / "snapshots" / f"worker-{a.slot:03d}"
         self.updates = 0
         dsec.enable_snapshots(self.model, self.optimizer, directory=str(self.snapshot_dir),
                               extra_state=lambda: {"updates": self.updates})
-        self._record_actions()
+        self.runtime.hooks.observe(self._record_effect)
 
         self.group = GroupSync(a, self.params, self.optimizer, self.controls,
                                self.runtime.probe, self.faults)
@@ -142,27 +147,20 @@ class ExperimentWorker:
         self.last_checkpoint_s = time.time()
         for p in self.params:
             p.grad = torch.zeros_like(p)
+        self.rollouts: RolloutSampler[Rollout] = RolloutSampler(
+            self.rollout, self.controls.sampler, self._sampling_failed).start()
         self.startup_s["ready_s"] = time.time() - assigned_s
 
-    def _record_actions(self) -> None:
-        controls = self.controls
-        for kind, apply in {
-            ActionKind.MEMORY_CAP: controls.memory_cap.apply,
-            ActionKind.PRECISION: controls.precision.apply,
-            ActionKind.GRAD_COMPRESSION: controls.grad_compression.apply,
-            ActionKind.GRAD_ACCUMULATION: controls.grad_accumulation.apply,
-            ActionKind.SAMPLER: controls.sampler.apply,
-            ActionKind.SYNC_PRIORITY: controls.sync_priority.apply,
-            ActionKind.SNAPSHOT: controls.snapshot.apply,
-        }.items():
-            self.runtime.on_action(kind, self._recorded(kind, apply))
+    def _record_effect(self, kind: ActionKind, _actuation_id: str | None,
+                       effect: Effect) -> None:
+        self.timeline.write("action", kind=kind.value, status=effect.status.value,
+                            detail=effect.detail, requested=effect.requested,
+                            in_force=effect.in_force)
 
-    def _recorded(self, kind: ActionKind, apply: Any) -> Any:
-        def hook(params: Any) -> str:
-            detail = apply(params) or ""
-            self.timeline.write("action", kind=kind.value, detail=detail)
-            return detail
-        return hook
+    def _sampling_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, SimulatedOutOfMemoryError):
+            self.die("oom", str(exc))
+        self.die("crash", f"sampling thread: {type(exc).__name__}: {exc}")
 
     def die(self, cause: str, detail: str) -> None:
         self.timeline.write("death", cause=cause, detail=detail[:300])
@@ -237,46 +235,61 @@ class ExperimentWorker:
         reason = termination_reason(env.unwrapped.state, truncated)
         dsec.report_episode_end(float(self.episode_return[i]), length,
                                 terminated=terminated, truncated=truncated,
-                                termination_reason=reason)
+                                termination_reason=reason, on_training_thread=False)
         self.timeline.write("episode", ret=float(self.episode_return[i]), len=length)
-        if leak and length >= self.fault_params["memory_leak"]["long_episode_steps"]:
-            self.gpu.fragment(self.fault_params["memory_leak"]["bytes_per_step"] * length)
+        leak_params = self.fault_params["memory_leak"]
+        if leak and length >= leak_params["long_episode_steps"]:
+            leaked = leak_params["bytes_per_step"] * length
+            live = int(leaked * leak_params.get("live_share", 0.0))
+            self.gpu.hold(live)
+            self.gpu.fragment(leaked - live)
         self.episode_return[i], self.episode_length[i] = 0.0, 0
         seed = 12345 if stuck else int(self.rng.integers(1 << 30))
         next_obs, _ = env.reset(seed=seed)
         return next_obs
 
-    def train(self, batch: Any) -> None:
+    def train(self, batch: Rollout | None) -> None:
+        """One update of the group; ``batch`` None while this worker's sampler is paused:
+        it takes every step with the group, contributing nothing to the gradient."""
         # The update's start is a safe point: commands that came during the rollout (where
         # long episodes leave few step boundaries) take effect before its first step.
         dsec.apply_pending()
         config, optimizer = self.config, self.optimizer
         micro = 0  # micro-steps into the current optimizer step's window
         for _epoch in range(config.epochs):
-            for index in batch.minibatches(config.minibatches, self.generator):
+            indices = [None] * config.minibatches if batch is None else \
+                batch.minibatches(config.minibatches, self.generator)
+            for index in indices:
                 if micro == 0:
                     # Every optimizer step starts with the group's agreement, so a command
                     # applied after the last step (a precision downgrade) is in force for
                     # the next one, not one update later.
                     window, dtype = self.group.settings()
-                    dsec.note_accumulation(window)  # norms per micro-step while accumulating
+                    # the group's window is this worker's in force; the probe then takes
+                    # norms per micro-step while it is above 1
+                    self.controls.grad_accumulation.run_window(window)
                     scaler = self.group.scaler
-                autocast_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
-                with torch.autocast("cpu", dtype=autocast_dtype, enabled=dtype != "fp32"):
-                    loss = ppo_loss(self.model, batch.obs[index], batch.actions[index],
-                                    batch.log_probs[index], batch.advantages[index],
-                                    batch.returns[index], config)
-                loss = loss * self.faults.loss_factor() / window
-                scaler.scale(loss).backward()
+                if batch is not None:
+                    with self.controls.precision.autocast(dtype):
+                        loss = ppo_loss(self.model, batch.obs[index], batch.actions[index],
+                                        batch.log_probs[index], batch.advantages[index],
+                                        batch.returns[index], config)
+                    loss = loss * self.faults.loss_factor() / window
+                    scaler.scale(loss).backward()
+                    self.gpu.run_kernels(TRAIN_KERNEL_S)
+                else:
+                    scaler.scale(torch.zeros(()))  # the scaler's state, as the group's
                 micro += 1
-                self.gpu.run_kernels(TRAIN_KERNEL_S)
                 if micro < window:
                     continue
                 micro = 0
-                self.group.sync_gradients()
+                if not self.group.sync_gradients(contributes=batch is not None):
+                    optimizer.zero_grad(set_to_none=False)
+                    continue  # no member had data: no step
                 scaler.unscale_(optimizer)
                 dsec.clip_grad_norm_(self.params, config.max_grad_norm)
-                dsec.report_step(loss.detach() * window)
+                if batch is not None:
+                    dsec.report_step(loss.detach() * window)
                 scaler.step(optimizer)  # skipped when the gradients are not finite
                 scaler.update()
                 optimizer.zero_grad(set_to_none=False)
@@ -298,18 +311,38 @@ class ExperimentWorker:
         self.last_checkpoint_s = time.time()
         self.timeline.write("checkpoint", updates=self.updates)
 
+    def _next_rollout(self) -> Rollout | None:
+        """The rollout asked for, or None once the sampling thread is parked at the gate.
+        While waiting, the training thread is at a safe point: commands apply here."""
+        while time.time() < self.a.end_at:
+            batch = self.rollouts.take(ROLLOUT_WAIT_S)
+            if batch is not None:
+                return batch
+            dsec.apply_pending()
+            if self.rollouts.parked:
+                return None
+        return None
+
     def _update(self) -> None:
         t_start, busy_before_s = time.time(), self.gpu.busy_total_s
         if self.faults.crash_due():
             self.die("crash", "injected crash")
         self.gpu.thermal_fault = bool(self.faults.active("thermal_throttle"))
-        batch = self.rollout()
-        self.gpu.set_working_set(SIM_BASE_BYTES + SIM_ACTIVATION_BYTES_PER_SAMPLE
-                                 * batch.obs.shape[0])
-        self.train(batch)
+        if not self.faults.active("memory_leak"):
+            self.gpu.release_held()  # the leak's live tensors go with the fault
+        batch = self._next_rollout()
+        if batch is None and time.time() >= self.a.end_at:
+            return  # the run is over: no step the group's members may not all take
+        if batch is not None:
+            self.gpu.set_working_set(SIM_BASE_BYTES + SIM_ACTIVATION_BYTES_PER_SAMPLE
+                                     * batch.obs.shape[0])
+        with self.rollouts.weights:
+            self.train(batch)
+        if batch is not None:
+            self.rollouts.request()  # the next rollout, with the weights just updated
         self.updates += 1
-        self.timeline.write("update", updates=self.updates,
-                            dur=round(time.time() - t_start, 4),
+        self.timeline.write("update" if batch is not None else "paused_update",
+                            updates=self.updates, dur=round(time.time() - t_start, 4),
                             busy_s=round(self.gpu.busy_total_s - busy_before_s, 4),
                             mem_gib=round(self.gpu.used_bytes / GIB, 2))
         self._checkpoint_if_due()
@@ -318,14 +351,17 @@ class ExperimentWorker:
         """Trains in generation ``gen`` of the group until the run ends (-1) or a member is
         gone (the generation joined next)."""
         started = time.time()
-        updates, source = self.load_resume_point()
         try:
-            updates = self.group.agree_on_state(updates)
+            with self.rollouts.weights:  # not while the sampling thread reads them
+                updates, source = self.load_resume_point()
+                updates = self.group.agree_on_state(updates)
         except Exception as exc:  # a member died while the group formed
             self.timeline.write("group_abort", error=str(exc)[:200])
             self.group.leave(gen)
             return self.group.join()
         self.updates = updates
+        self.rollouts.discard()  # collected with the weights before the resume
+        self.rollouts.request()
         self.timeline.write("resume", updates=updates, source=source,
                             restore_s=round(time.time() - started, 4), gen=gen)
         try:
@@ -351,7 +387,8 @@ class ExperimentWorker:
         except SimulatedOutOfMemoryError as exc:
             self.die("oom", str(exc))
         self.timeline.write("end", updates=self.updates)
-        self.sampler.stop()
+        self.rollouts.stop()
+        self.nvml.stop()
         dsec.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -89,8 +89,9 @@ class GroupSync:
         with loss scaling) any member was switched to, and every member's GradScaler then
         sees the same synchronised gradients and keeps the same scale."""
         controls = self._controls
-        control = torch.tensor([controls.grad_accumulation.steps,
-                                PRECISION_CODES.index(controls.precision.dtype)])
+        # what this member was asked for, not what the group ran last
+        control = torch.tensor([controls.grad_accumulation.requested,
+                                PRECISION_CODES.index(controls.precision.requested)])
         dist.all_reduce(control, op=dist.ReduceOp.MAX)
         dtype = PRECISION_CODES[int(control[1])]
         if dtype != self._dtype or self.scaler is None:
@@ -98,12 +99,17 @@ class GroupSync:
             self.scaler = torch.amp.GradScaler("cpu", enabled=dtype == "fp16")
         return int(control[0]), dtype
 
-    def sync_gradients(self) -> None:
+    def sync_gradients(self, contributes: bool = True) -> bool:
+        """The group's weighted average of its members' gradients into this worker's: a
+        member weighs in at 2**(its sync priority), one without data (its sampler
+        paused) at 0. False, and nothing changed, when no member contributed."""
         flat = torch.cat([p.grad.reshape(-1) for p in self._params])
-        bits = self._controls.grad_compression.bits
+        compression = self._controls.grad_compression
+        bits = compression.take(compression.bits)
         if bits < 32:
             codes, scale = quantise_gradient(flat, bits)
             flat = dequantise_gradient(codes, scale, bits, flat.numel()).float()
+        weight = self._controls.sync_priority.weight() if contributes else 0.0
         # The sync is timed as this worker's simulated link costs it: the transfer at its
         # simulated length (jitter and stalls included). Left out, because 16 trainers on
         # 2 cores measure the CPU scheduler and not a link: how long the sleep that stands
@@ -113,12 +119,17 @@ class GroupSync:
         link_s = self._faults.link_s(bits)
         time.sleep(link_s)
         dist.barrier()
-        dist.all_reduce(flat)
+        weighted = torch.cat([flat * weight, flat.new_tensor([weight])])  # and the weight
+        dist.all_reduce(weighted)
         self._probe.record_grad_sync(self._probe.global_step, wire_bytes(bits),
                                      link_s * 1000.0, True, "all_reduce")
-        flat /= self._a.group_size
+        total_weight = float(weighted[-1])
+        if total_weight == 0.0:
+            return False
+        flat = weighted[:-1] / total_weight
         offset = 0
         for p in self._params:
             n = p.numel()
             p.grad.copy_(flat[offset:offset + n].reshape(p.shape))
             offset += n
+        return True

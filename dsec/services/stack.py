@@ -232,7 +232,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         if "policy-engine" in options.services:
             register_policy_engine(app, settings, metrics=metrics)
             services_by_topic.update({topics.features: "policy-engine",
-                                      topics.policies: "policy-engine"})
+                                      topics.policies: "policy-engine",
+                                      topics.pools: "policy-engine"})
         watch_faust_app(app, metrics, services_by_topic)
         set_up.set()
         worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)

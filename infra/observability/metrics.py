@@ -96,8 +96,8 @@ SANDBOX_UTILIZATION_RATE = MetricSpec(
 ACTUATIONS = MetricSpec(
     "dsec_actuations_total", "counter",
     "Actuation commands by service, action and result (the policy engine: emitted; the "
-    "node actuator and the gateway's webhooks: applied, failed, rejected, stale, "
-    "superseded).",
+    "node actuator and the gateway's webhooks: applied, deferred, unsupported, failed, "
+    "rejected, stale, superseded).",
     ("service", "action", "result"))
 PROBE_SAMPLES_DROPPED = MetricSpec(
     "dsec_probe_samples_dropped_total", "counter",

@@ -57,7 +57,7 @@ def actuation_rows(command: ActuationCommand) -> list[Row]:
 
 RESULT_COLUMNS = [
     "event_time", "event_id", "actuation_id", "job_id", "node_id", "worker_id", "action",
-    "status", "detail", "command_time",
+    "status", "detail", "command_time", "requested", "in_force",
 ]
 
 
@@ -69,7 +69,7 @@ def result_rows(result: ActuationResult) -> list[Row]:
     return [[
         ms_to_datetime(result.event_time_ms), result.event_id, result.actuation_id,
         identity.job_id, identity.node_id, identity.worker_id, result.action_kind,
-        result.status.value, result.detail, command_time,
+        result.status.value, result.detail, command_time, result.requested, result.in_force,
     ]]
 
 

@@ -53,13 +53,20 @@ CREATE TABLE IF NOT EXISTS actuation_results
     action          LowCardinality(String),
     status          LowCardinality(String),
     detail          String,
-    command_time    Nullable(DateTime64(3, 'UTC'))
+    command_time    Nullable(DateTime64(3, 'UTC')),
+    requested       Nullable(String),
+    in_force        Nullable(String)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(event_time)
 ORDER BY (job_id, node_id, worker_id, event_time)
 TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
+
+-- The setting a command asked for and the one the worker's loop runs with; a store made
+-- before results carried them gains the columns (empty for its older rows).
+ALTER TABLE actuation_results ADD COLUMN IF NOT EXISTS requested Nullable(String);
+ALTER TABLE actuation_results ADD COLUMN IF NOT EXISTS in_force Nullable(String);
 
 CREATE TABLE IF NOT EXISTS policy_decisions
 (

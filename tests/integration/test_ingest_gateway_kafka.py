@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer
+from gateway_server import RecordingPublisher
 from starlette.testclient import TestClient
 
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
-from dsec.ingest.gateway_publisher import PublishError
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -45,17 +45,6 @@ GOOD_SAMPLES = {"samples": [
      "reward": 3.5, "length": 12, "termination_reason": "tool_call_timeout"},
     {"kind": "heartbeat", "event_time_ms": 1_800_000_000_001, "interval_s": 5},
 ]}
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.published: list[tuple[bytes, bytes]] = []
-        self.failing = False
-
-    async def publish(self, key: bytes, value: bytes) -> None:
-        if self.failing:
-            raise PublishError("broker away")
-        self.published.append((key, value))
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -100,6 +101,29 @@ class Node:
                 self.results.append(decode(message.value(), ActuationResult))
         return self.results
 
+    def send_each(self, worker_id: str, actions) -> list[ActuationCommand]:
+        commands = [self.command(worker_id, action) for action in actions]
+        for command in commands:
+            self.send(command)
+        return commands
+
+    def all_answered(self, commands: list[ActuationCommand]) -> bool:
+        ids = {r.actuation_id for r in self.poll_results()}
+        return all(c.actuation_id in ids for c in commands)
+
+    def answers_while(self, train, command: ActuationCommand, count: int = 1,
+                      timeout_s: float = 60) -> list[ActuationResult]:
+        """Runs ``train`` (a step of the worker's loop) until ``count`` results for
+        ``command`` are in; those results."""
+
+        def answered() -> list[ActuationResult] | None:
+            train()
+            mine = [r for r in self.poll_results() if r.actuation_id == command.actuation_id]
+            return mine[:count] if len(mine) >= count else None
+
+        return wait_for(answered, timeout_s, interval_s=0.02,
+                        what=f"{count} result(s) for {command.action}")
+
     def result_for(self, actuation_id: str, count: int = 1,
                    timeout_s: float = 30) -> list[ActuationResult]:
         return wait_for(
@@ -110,6 +134,27 @@ class Node:
     def close(self) -> None:
         self.daemon.stop()
         self.results_consumer.close()
+
+
+@contextlib.contextmanager
+def registered_worker(node, worker_id: str):
+    """This process as a worker of the node (``dsec.init``) with a tiny model and its
+    optimizer, registered on the node's socket; shut down after."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    runtime = dsec.init(worker_id=worker_id, node_id=NODE, optimizer=optimizer,
+                        settings=node.settings)
+    try:
+        wait_for(lambda: runtime.channel.registered, 10, what="registration")
+        yield model, optimizer
+    finally:
+        dsec.shutdown()
+
+
+def every_action(memory_cap_bytes: int) -> list:
+    return [MemoryCapParams(limit_bytes=memory_cap_bytes), PrecisionParams(dtype="fp16"),
+            GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
+            SamplerParams(paused=True), SyncPriorityParams(level=-1), SnapshotParams()]
 
 
 @pytest.fixture
@@ -142,6 +187,28 @@ def test_socket_and_run_dir_are_owner_only(node) -> None:
     assert oct(node.settings.run_directory().stat().st_mode & 0o777) == "0o700"
 
 
+class SamplingThread:
+    """The loop's asynchronous sampler: waits at the sampler gate before each batch."""
+
+    def __init__(self, gate) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(gate,), daemon=True)
+        self.batches = 0
+        self._thread.start()
+
+    def _run(self, gate) -> None:
+        while not self._stop.is_set():
+            if gate.wait_until_running(0.02):
+                self.batches += 1
+                self._stop.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_path) -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
@@ -149,20 +216,16 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     runtime = dsec.init(worker_id="w-all", node_id=NODE, optimizer=optimizer,
                         settings=node.settings)
+    sampling = None
     try:
         assert runtime.channel is not None and runtime.actuator is None
         wait_for(lambda: runtime.channel.registered, 10, what="registration")
         controls = dsec.controls()
-        controls.grad_compression.attach(model)
+        dsec.watch_ddp(model)  # compression and sync priority act through its comm hook
+        sampling = SamplingThread(controls.sampler)
         dsec.enable_snapshots(model, optimizer, directory=str(tmp_path / "snaps"),
                               extra_state=lambda: {"episode_head": 17})
-        actions = [MemoryCapParams(limit_bytes=4 * GIB), PrecisionParams(dtype="fp16"),
-                   GradCompressionParams(bits=4), GradAccumulationParams(steps=4),
-                   SamplerParams(paused=True), SyncPriorityParams(level=-1),
-                   SnapshotParams()]
-        commands = [node.command("w-all", action) for action in actions]
-        for command in commands:
-            node.send(command)
+        commands = node.send_each("w-all", every_action(4 * GIB))
 
         def train_until_answered() -> bool:
             with controls.grad_accumulation.micro_step(model) as sync:
@@ -173,17 +236,22 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
             if sync:
                 controls.precision.step(optimizer)  # the step post-hook applies commands
                 optimizer.zero_grad()
-            ids = {r.actuation_id for r in node.poll_results()}
-            return all(c.actuation_id in ids for c in commands)
+            return node.all_answered(commands)
 
         wait_for(train_until_answered, 60, interval_s=0.02, what="every action answered")
         by_id = {r.actuation_id: r for r in node.results}
         assert [by_id[c.actuation_id].status.value for c in commands] == ["applied"] * 7, [
             by_id[c.actuation_id].detail for c in commands]
-        assert controls.state() == {
+        # each result read back what the loop runs with, beside what was asked
+        assert [(by_id[c.actuation_id].requested, by_id[c.actuation_id].in_force)
+                for c in commands[:6]] == [
+            (str(4 * GIB), str(4 * GIB)), ("fp16", "fp16"), ("4", "4"), ("4", "4"),
+            ("true", "true"), ("-1", "-1")]
+        assert controls.in_force() == {
             "memory_cap_bytes": 4 * GIB, "precision": "fp16", "grad_compression_bits": 4,
             "grad_accumulation_steps": 4, "sampler_paused": True, "sync_priority": -1,
         }
+        assert controls.requested() == controls.in_force()
         with torch.no_grad(), dsec.autocast():
             assert model(torch.randn(2, 16)).dtype == torch.float16
         assert controls.precision.scaler.is_enabled()
@@ -201,7 +269,111 @@ def test_every_action_round_trips_and_changes_the_worker(node, gloo_group, tmp_p
         restored = dsec.restore(str(tmp_path / "snaps"), restore_rng=False)
         assert restored.meta["episode_head"] == 17
     finally:
+        if sampling is not None:
+            sampling.stop()
         dsec.shutdown()
+
+
+UNATTACHED_HINTS = {
+    "precision": "dsec.autocast()", "grad_compression": "dsec.watch_ddp(model)",
+    "grad_accumulation": "micro_step(model)", "sampler": "wait_until_running()",
+    "sync_priority": "dsec.watch_ddp(model)", "snapshot": "dsec.enable_snapshots",
+}
+
+
+def test_without_its_hook_an_action_is_unsupported_and_says_how_to_attach_it(node) -> None:
+    # A plain loop: no autocast, no DDP, no accumulation helper, no sampling thread, no
+    # snapshotter. Only the CPU memory budget is carried out, by the probe itself.
+    with registered_worker(node, "w-bare") as (model, optimizer):
+        commands = node.send_each("w-bare", every_action(64 * GIB))
+
+        def train_until_answered() -> bool:
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+            return node.all_answered(commands)
+
+        wait_for(train_until_answered, 60, interval_s=0.02, what="every action answered")
+        by_kind = {c.action.kind.value: next(r for r in node.results
+                                             if r.actuation_id == c.actuation_id)
+                   for c in commands}
+        assert by_kind.pop("memory_cap").status is ActuationStatus.APPLIED
+        for kind, result in by_kind.items():
+            assert result.status is ActuationStatus.UNSUPPORTED, (kind, result.detail)
+            assert UNATTACHED_HINTS[kind] in result.detail, (kind, result.detail)
+        assert by_kind["precision"].requested == "fp16"
+        assert by_kind["precision"].in_force is None  # nothing ran under autocast
+        controls = dsec.controls()
+        assert controls.requested()["precision"] == "fp16"  # kept, should the loop attach
+        assert controls.in_force()["precision"] is None
+
+
+def test_undo_returns_an_fp32_worker_to_fp32_not_bf16(node) -> None:
+    from dsec.policy_engine import load_builtin_policies
+
+    pack = {spec.name: spec for spec in load_builtin_policies()}
+    downgrade = pack["precision-downgrade"]
+    [down] = downgrade.stage_actions(0)
+    [undo] = downgrade.stage_actions(0, undo=True)  # what the engine sends once calm
+    with registered_worker(node, "w-fp32") as (model, optimizer):
+        x = torch.randn(8, 4)
+
+        def step() -> torch.dtype:
+            with dsec.autocast():  # this worker's own precision: fp32
+                out = model(x)
+            optimizer.zero_grad()
+            out.float().pow(2).mean().backward()
+            optimizer.step()
+            return out.dtype
+
+        assert step() == torch.float32
+        results = []
+        for action in (down, undo):
+            [command] = node.send_each("w-fp32", [action])
+            results.extend(node.answers_while(step, command))
+            if action is down:
+                assert step() == torch.float16
+        assert [(r.status.value, r.requested, r.in_force) for r in results] == [
+            ("applied", "fp16", "fp16"), ("applied", "fp32", "fp32")]
+        assert step() == torch.float32
+        assert dsec.controls().precision.state() == {
+            "requested": "fp32", "in_force": "fp32", "original": "fp32"}
+
+
+def test_a_memory_cap_below_what_the_worker_holds_is_deferred_then_applied(node) -> None:
+    """On the simulated card, which fails an allocation past its fraction as CUDA does: the
+    worker holds 9 GiB live when a 6 GiB cap comes. Set at once, its next step would OOM;
+    the cap waits until the worker has let go of the held memory, then is applied."""
+    from dsec.actuators.memory_cap import MemoryCap
+    from dsec.experiment.sim_gpu import SimulatedGpu
+
+    gpu = SimulatedGpu("GPU-sim-cap")
+    with registered_worker(node, "w-cap") as (model, optimizer):
+        dsec.controls().memory_cap = MemoryCap(cuda=gpu)
+        gpu.hold(6 * GIB)
+        gpu.fragment(5 * GIB)
+
+        def step() -> None:
+            gpu.set_working_set(3 * GIB)  # raises SimulatedOutOfMemoryError past the cap
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+
+        [command] = node.send_each("w-cap", [MemoryCapParams(limit_bytes=6 * GIB)])
+        [deferred] = node.answers_while(step, command)
+        assert deferred.status is ActuationStatus.DEFERRED, deferred.detail
+        assert deferred.requested == str(6 * GIB) and deferred.in_force is None
+        for _ in range(20):
+            step()  # the worker trains on above the cap: nothing set, nothing fails
+        assert gpu.fraction is None and gpu.fragmented_bytes == 0  # cached blocks released
+        gpu.release_held()
+        applied = node.answers_while(step, command, count=2)[1]
+        assert applied.status is ActuationStatus.APPLIED, applied.detail
+        assert applied.in_force == str(6 * GIB) and gpu.limit_bytes == 6 * GIB
+        for _ in range(20):
+            step()
+            gpu.fragment(GIB)  # the leak goes on under the cap; the card never fills
+        assert gpu.used_bytes <= 6 * GIB
 
 
 def test_a_loop_applies_commands_at_a_safe_point_of_its_own(node) -> None:
@@ -217,21 +389,79 @@ def test_a_loop_applies_commands_at_a_safe_point_of_its_own(node) -> None:
         wait_for(lambda: dsec.apply_pending() > 0, 30, interval_s=0.02, what="the command")
         assert dsec.controls().precision.dtype == "fp16"
         assert runtime.probe.global_step == 0
-        wait_for(lambda: any(r.actuation_id == command.actuation_id
-                             for r in node.poll_results()), 30, what="the answer")
+        answer = wait_for(lambda: next((r for r in node.poll_results()
+                                        if r.actuation_id == command.actuation_id), None),
+                          30, what="the answer")
+        # this loop never ran a forward pass under dsec.autocast(): nothing carries it out
+        assert answer.status is ActuationStatus.UNSUPPORTED and "autocast" in answer.detail
     finally:
         dsec.shutdown()
 
 
 def _start_worker(node, worker_id: str, state_path: Path) -> subprocess.Popen:
+    return _start_script(node, "node_worker.py", worker_id, str(state_path))
+
+
+def _start_script(node, script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "DSEC_BOOTSTRAP": node.settings.bootstrap,
            "DSEC_TOPIC_PREFIX": node.settings.topic_prefix, "DSEC_JOB_ID": node.settings.job_id,
            "DSEC_RUN_DIR": str(node.settings.run_directory()), "DSEC_ACTUATOR_CHANNEL": "node",
            "DSEC_SIGNING_KEY": "test-signing-key",
            "DSEC_DATA_DIR": str(node.settings.data_dir)}
-    script = Path(__file__).parents[1] / "node_worker.py"
-    return subprocess.Popen([sys.executable, str(script), worker_id, str(state_path)], env=env,
+    path = Path(__file__).parents[1] / script
+    return subprocess.Popen([sys.executable, str(path), *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _json_lines(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def test_sync_priority_changes_the_average_of_a_real_gloo_ddp_group(node, tmp_path) -> None:
+    """Two ranks, each its own process with dsec.watch_ddp; rank 1 is sent level -2. From
+    the step its hook used it, both ranks get (g0 + g1/4) / (1 + 1/4) instead of the
+    mean, and the result says applied with the level the hook read back."""
+    stop = tmp_path / "stop"
+    outs = [tmp_path / f"rank-{rank}.jsonl" for rank in range(2)]
+    ranks = [_start_script(node, "ddp_rank_worker.py", str(rank), "2",
+                           str(tmp_path / "gloo-store"), str(out), str(stop))
+             for rank, out in enumerate(outs)]
+    try:
+        wait_for(lambda: any(line["all_registered"] for line in _json_lines(outs[0])), 90,
+                 what="both ranks registered")
+        command = node.command("rank-1", SyncPriorityParams(level=-2))
+        node.send(command)
+        result = node.result_for(command.actuation_id, timeout_s=60)[0]
+        assert result.status is ActuationStatus.APPLIED, result.detail
+        assert (result.requested, result.in_force) == ("-2", "-2")
+        wait_for(lambda: sum(line["level"] == -2 for line in _json_lines(outs[1])) >= 3, 60,
+                 what="steps at the new level")
+        stop.touch()
+        for rank in ranks:
+            assert rank.wait(60) == 0
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait(10)
+    steps = [_json_lines(out) for out in outs]
+    assert len(steps[0]) == len(steps[1])
+    weighted_steps = 0
+    for zero, one in zip(*steps, strict=True):
+        levels = [zero["level"], one["level"]]
+        weights = [2.0 ** level for level in levels]
+        local = [torch.tensor(zero["local"]), torch.tensor(one["local"])]
+        expected = (weights[0] * local[0] + weights[1] * local[1]) / sum(weights)
+        for line in (zero, one):
+            assert torch.allclose(torch.tensor(line["got"]), expected, atol=1e-5), levels
+        if levels == [0, -2]:
+            weighted_steps += 1
+            assert not torch.allclose(expected, (local[0] + local[1]) / 2, atol=1e-4)
+    assert weighted_steps >= 3
+    assert steps[1][0]["level"] == 0  # before the command: the plain mean
 
 
 def _read_state(path: Path) -> dict | None:
@@ -253,8 +483,10 @@ def test_killed_and_restarted_worker_gets_its_desired_state_back(node, tmp_path)
         for command in commands:
             node.send(command)
         for command in commands:
-            assert node.result_for(command.actuation_id)[0].status.value == "applied"
-        first = _read_state(state_path)
+            result = node.result_for(command.actuation_id)[0]
+            assert result.status.value == "applied", result.detail
+        first = wait_for(lambda: (s := _read_state(state_path)) and s["sampler_paused"]
+                         and s, 30, what="the state written after the answers")
         assert first["precision"] == "bf16" and first["sampler_paused"] is True
 
         worker.send_signal(signal.SIGKILL)
@@ -288,6 +520,12 @@ def test_bad_commands_are_rejected_and_reported(node) -> None:
     worker = WorkerChannel(
         WorkerIdentity(job_id=node.settings.job_id, worker_id="w-bad", node_id=NODE),
         node.daemon.socket_path, hooks).start()
+
+    def forward() -> None:  # the loop runs its forward pass under the autocast controller
+        with hooks_state.precision():
+            pass
+
+    forward()
     try:
         good = node.command("w-bad", PrecisionParams(dtype="fp16"))
         node.send(good)
@@ -309,6 +547,7 @@ def test_bad_commands_are_rejected_and_reported(node) -> None:
 
         def answered() -> bool:
             worker.apply_pending()
+            forward()
             return len(node.poll_results()) >= 7
 
         wait_for(answered, 30, what="seven results")
@@ -326,8 +565,8 @@ def test_bad_commands_are_rejected_and_reported(node) -> None:
         assert "out of bounds" in statuses[out_of_bounds["actuation_id"]][0][1]
         assert statuses[older.actuation_id][0][0] == "stale"
         assert "out of order" in statuses[older.actuation_id][0][1]
-        assert hooks_state.state()["precision"] == "fp16"
-        assert hooks_state.state()["sampler_paused"] is False  # nothing bad was applied
+        assert hooks_state.in_force()["precision"] == "fp16"
+        assert hooks_state.requested()["sampler_paused"] is False  # nothing bad was applied
     finally:
         worker.stop()
 
@@ -388,10 +627,16 @@ def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> N
             kafka.send(command, node_id="node-solo")
         kafka.send(orjson.dumps(bad), node_id="node-solo")
 
+        accumulation = dsec.controls().grad_accumulation
+
         def answered() -> bool:
-            optimizer.zero_grad()
-            model(torch.randn(2, 4)).sum().backward()
-            optimizer.step()
+            with accumulation.micro_step() as sync:
+                accumulation.scale(model(torch.randn(2, 4)).sum()).backward()
+            if sync:
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                dsec.apply_pending()  # between two optimizer steps: a safe point too
             return len(kafka.poll_results()) >= 5
 
         wait_for(answered, 60, interval_s=0.01, what="five results")
@@ -401,7 +646,7 @@ def test_single_process_mode_applies_and_rejects_without_a_daemon(settings) -> N
         assert cap_results[1][0] == "failed" and "budget exceeded" in cap_results[1][1]
         assert dsec.controls().memory_cap.violations >= 1
         statuses = {r.actuation_id: (r.status.value, r.detail) for r in kafka.results}
-        assert statuses[applied.actuation_id][0] == "applied"
+        assert statuses[applied.actuation_id][0] == "applied", statuses[applied.actuation_id]
         assert statuses[older.actuation_id][0] == "stale"
         assert statuses[bad["actuation_id"]][0] == "rejected"
         assert "out of bounds" in statuses[bad["actuation_id"]][1]
@@ -425,7 +670,7 @@ def test_restarted_daemon_keeps_desired_state_and_workers_reconnect(node) -> Non
         wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,
                  what="the command applied")
         node.daemon.stop()
-        controls.grad_compression.bits = 32  # as if the worker had lost it meanwhile
+        controls.grad_compression.requested = 32  # as if the worker had lost it meanwhile
         node.daemon = NodeActuator(node.daemon.config, node.daemon._consumer_config,
                                    node._publish).start()
         wait_for(lambda: worker.apply_pending() or controls.grad_compression.bits == 8, 30,

@@ -23,12 +23,13 @@ from dsec.schemas import (
     sign,
     topic_names,
 )
-from dsec.schemas.actuations import GradCompressionParams, SamplerParams
+from dsec.schemas.actuations import GradCompressionParams, PrecisionParams, SamplerParams
 
 pytestmark = pytest.mark.integration
 
 
-def test_applied_and_rejected_results_are_stored(running_stack) -> None:
+def test_applied_unsupported_and_rejected_results_are_stored(running_stack) -> None:
+    """With what was requested beside what is in force, as ``dsec sql`` shows them."""
     settings = running_stack
     topics = topic_names(settings.topic_prefix)
     producer = Producer(producer_config(settings, client_id="test-store"))
@@ -49,27 +50,41 @@ def test_applied_and_rejected_results_are_stored(running_stack) -> None:
     controls, hooks = WorkerControls(), ApplyHooks()
     controls.register(hooks)
     worker = WorkerChannel(identity, daemon.socket_path, hooks).start()
+
+    def forward() -> None:  # the worker's loop runs under the autocast controller
+        with controls.precision():
+            pass
+
+    forward()
     try:
         at = now_ms()
-        good = sign(ActuationCommand(
-            actuation_id=new_event_id(), event_time_ms=at, expires_at_ms=at + 60_000,
-            target=identity, policy_name="test", policy_version=1,
-            action=GradCompressionParams(bits=4)), settings.signing_key_bytes())
-        unsigned = good.model_copy(update={"actuation_id": new_event_id(), "signature": None,
-                                           "action": SamplerParams(paused=True)})
-        for command in (good, unsigned):
-            producer.produce(topics.actuations, key=b"node-s", value=encode(command))
+
+        def command(action) -> ActuationCommand:
+            return sign(ActuationCommand(
+                actuation_id=new_event_id(), event_time_ms=at, expires_at_ms=at + 60_000,
+                target=identity, policy_name="test", policy_version=1, action=action),
+                settings.signing_key_bytes())
+
+        applied = command(PrecisionParams(dtype="bf16"))
+        unsupported = command(GradCompressionParams(bits=4))  # no comm hook in this worker
+        unsigned = command(SamplerParams(paused=True)).model_copy(update={"signature": None})
+        for sent in (applied, unsupported, unsigned):
+            producer.produce(topics.actuations, key=b"node-s", value=encode(sent))
         producer.flush(10)
 
         def stored() -> list:
             worker.apply_pending()
-            rows = query(settings, "SELECT action, status FROM actuation_results "
+            forward()
+            rows = query(settings, "SELECT action, status, requested, in_force "
+                                   "FROM actuation_results "
                                    "WHERE worker_id = 'w-store' ORDER BY action")["rows"]
-            return rows if len(rows) >= 2 else []
+            return rows if len(rows) >= 3 else []
 
-        rows = wait_for(stored, 90, what="both results in ClickHouse")
-        assert rows == [["grad_compression", "applied"], ["sampler", "rejected"]]
-        assert controls.grad_compression.bits == 4
+        rows = wait_for(stored, 90, what="the three results in ClickHouse")
+        assert rows == [["grad_compression", "unsupported", "4", None],
+                        ["precision", "applied", "bf16", "bf16"],
+                        ["sampler", "rejected", None, None]]
+        assert controls.grad_compression.bits == 4  # requested, for a hook attached later
     finally:
         worker.stop()
         daemon.stop()

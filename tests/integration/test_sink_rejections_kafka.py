@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import wait_for
 
@@ -30,16 +31,20 @@ from dsec.schemas.event_times import EventTimeWindow
 DAY_MS = 86_400_000
 
 
-
-
 def _identity(worker_id: str) -> WorkerIdentity:
     return WorkerIdentity(job_id="test-job", node_id="node-a", worker_id=worker_id)
 
 
-def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, tmp_path) -> None:
+@pytest.fixture
+def client(tmp_path):
+    client = connect(f"chdb://{tmp_path / 'store'}")
+    yield client
+    client.close()  # chDB holds one store per process: let the next test open its own
+
+
+def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, client) -> None:
     topics = topic_names(settings.topic_prefix)
     ensure_topics(settings, partitions=1)
-    client = connect(f"chdb://{tmp_path / 'store'}")
     ensure_schema(client, ttl_days=365)  # the replayed history below is 150 days old
 
     producer = Producer(producer_config(settings, "test"))

@@ -37,7 +37,7 @@ def test_expired_unsigned_and_foreign_commands() -> None:
 def test_apply_hooks_dispatch_by_kind() -> None:
     hooks = ApplyHooks()
     hooks.register("snapshot", lambda params: "saved")
-    assert hooks.apply(SnapshotParams()) == "saved"
+    assert hooks.apply(SnapshotParams()).detail == "saved"
     try:
         hooks.apply(PrecisionParams(dtype="fp16"))
     except NoApplyHookError as exc:

@@ -48,3 +48,8 @@ def test_the_last_json_object_of_an_output_is_taken() -> None:
     output = 'starting\n{"a": 1}\nlog line\n{"b": 2}\n{not json\n[1, 2]\n'
     assert last_json_object(output) == {"b": 2}
     assert last_json_object("no figures\n") is None
+
+
+def test_the_compression_part_runs_its_short_setting() -> None:
+    options = SuiteOptions(compression_steps=2)
+    assert _parse(part_arguments("compression", options, "b:1")).params["steps"] == 2

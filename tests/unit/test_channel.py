@@ -37,7 +37,8 @@ def test_frames_round_trip_over_a_socket_pair() -> None:
     frames = [Register(identity=WORKER, pid=1),
               Apply(actuation_id="a1", action=PrecisionParams(dtype="bf16"),
                     command_time_ms=5, replay=True),
-              Answer(actuation_id="a1", status=ActuationStatus.APPLIED, detail="ok")]
+              Answer(actuation_id="a1", status=ActuationStatus.APPLIED, detail="ok",
+                     requested="bf16", in_force="bf16")]
     for frame in frames:
         left.sendall(encode_frame(frame))
     assert [read_frame(right) for _ in frames] == frames
@@ -84,6 +85,26 @@ def test_desired_state_orders_supersedes_and_replays() -> None:
     assert [c.actuation_id for c in book.commands()] == ["second-0", "snap-001"]
     book.forget_answered(key, "snap-001")
     assert [c.actuation_id for c in book.commands()] == ["second-0"]
+
+
+def test_desired_state_keeps_the_command_in_force_apart_from_the_one_requested() -> None:
+    book = DesiredStateBook()
+    key = worker_key(_command("cmd-zero", 0))
+    fp16 = _command("cmd-fp16", 1_000)
+    bf16 = _command("cmd-bf16", 2_000, PrecisionParams(dtype="bf16"))
+    book.accept(fp16)
+    book.mark_delivered(key, "cmd-fp16")
+    assert book.mark_applied(key, "cmd-fp16")
+    book.accept(bf16)  # the worker cannot carry it out (its answer: unsupported)
+    book.mark_delivered(key, "cmd-bf16")
+    assert book.requested(key)["precision"] is bf16
+    assert book.in_force(key)["precision"] is fp16  # still what the worker runs
+    assert book.desired(key) == [bf16]  # sent again should the worker register again
+    book.accept(snapshot := _command("cmd-snap", 3_000, SnapshotParams()))
+    book.mark_delivered(key, "cmd-snap")
+    book.mark_applied(key, "cmd-snap")
+    assert "snapshot" not in book.in_force(key)  # an event, not a setting
+    assert snapshot is book.requested(key)["snapshot"]
 
 
 def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:

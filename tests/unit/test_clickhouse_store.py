@@ -110,6 +110,27 @@ def test_decisions_keep_their_stage_and_older_stores_gain_the_column(client) -> 
         ("staged_up", 2)]
 
 
+def test_results_keep_requested_and_in_force_apart_and_older_stores_gain_them(client) -> None:
+    from dsec.schemas import ActuationResult, ActuationStatus
+
+    ensure_schema(client)
+    for column in ("requested", "in_force"):  # a store made before results carried them
+        client.command(f"ALTER TABLE actuation_results DROP COLUMN {column}")
+    ensure_schema(client)
+    results = [
+        ActuationResult(actuation_id="a1", identity=IDENTITY, action_kind="precision",
+                        status=ActuationStatus.APPLIED, requested="bf16", in_force="fp16"),
+        ActuationResult(actuation_id="a2", identity=IDENTITY, action_kind="grad_compression",
+                        status=ActuationStatus.UNSUPPORTED, requested="4"),
+    ]
+    for result in results:
+        client.insert("actuation_results", rows.result_rows(result),
+                      column_names=rows.RESULT_COLUMNS)
+    assert client.query("SELECT actuation_id, status, requested, in_force "
+                        "FROM actuation_results ORDER BY actuation_id").result_rows == [
+        ("a1", "applied", "bf16", "fp16"), ("a2", "unsupported", "4", None)]
+
+
 def test_a_store_is_locked_while_its_status_file_is_held(tmp_path) -> None:
     status = tmp_path / "status"
     assert not store_locked(status)  # no status file: no engine has it open

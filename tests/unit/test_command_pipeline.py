@@ -157,7 +157,7 @@ def test_the_hook_applier_refuses_an_older_command_and_reports_a_failing_hook() 
     hooks = ApplyHooks()
     hooks.register("grad_accumulation", lambda params: f"steps {params.steps}")
     hooks.register("snapshot", lambda _params: 1 / 0)
-    applier = HookApplier(hooks)
+    applier = HookApplier(hooks, ResultPublisher("results", Results().publish))
     newer = _command(action=GradAccumulationParams(steps=2), at_ms=NOW_MS)
     older = _command(action=GradAccumulationParams(steps=8), at_ms=NOW_MS - 1_000)
     assert applier.apply(newer) == Outcome(ActuationStatus.APPLIED, "steps 2")
@@ -165,6 +165,30 @@ def test_the_hook_applier_refuses_an_older_command_and_reports_a_failing_hook() 
     assert stale.status is ActuationStatus.STALE and "out of order" in stale.detail
     assert applier.apply(_command()) == Outcome(ActuationStatus.FAILED,
                                                 "ZeroDivisionError: division by zero")
+    unhooked = applier.apply(_command(action=PrecisionParams(dtype="fp16")))
+    assert unhooked.status is ActuationStatus.UNSUPPORTED
+    assert "@dsec.on_action('precision')" in unhooked.detail
+
+
+def test_the_hook_applier_reports_what_the_loop_takes_up_at_a_later_boundary() -> None:
+    from dsec.actuators.precision import AutocastController
+
+    hooks, results = ApplyHooks(), Results()
+    controller = AutocastController("cpu", "fp32")
+    hooks.register("precision", controller.apply)
+    applier = HookApplier(hooks, ResultPublisher("results", results.publish))
+    with controller():
+        pass  # the loop runs under the controller: it can carry a switch out
+    command = _command(action=PrecisionParams(dtype="bf16"))
+    assert applier.apply(command) is None  # nothing to report before the loop used it
+    assert applier.settle() == 0 and results.results() == []
+    with controller():
+        pass
+    assert applier.settle() == 1
+    [result] = results.results()
+    assert (result.status, result.requested, result.in_force) == (
+        ActuationStatus.APPLIED, "bf16", "bf16")
+    assert result.actuation_id == command.actuation_id
 
 
 def _source(log: InMemoryLog, take, keys=("n0",), letters: list | None = None,

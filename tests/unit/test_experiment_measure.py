@@ -70,3 +70,18 @@ def test_arm_totals_and_learning_outcome() -> None:
     assert arm.deaths == [{"worker": 1, "t": 1.0, "cause": "crash"}]
     assert return_curve(timelines, 0.0, 10.0, bins=2) == [10.0, pytest.approx(66.67)]
     assert final_mean_return({}, 0.0, 10.0) is None
+
+
+def test_only_applied_actions_count_and_the_other_outcomes_are_kept_apart() -> None:
+    def action(t: float, kind: str, status: str) -> dict:
+        return {"e": "action", "t": t, "kind": kind, "status": status}
+
+    timelines = {0: [{"e": "resume", "t": 0.0, "updates": 0},
+                     action(1.0, "memory_cap", "deferred"), action(2.0, "memory_cap", "applied"),
+                     action(3.0, "sync_priority", "unsupported"),
+                     {"e": "paused_update", "t": 4.0, "updates": 1, "dur": 1.0, "busy_s": 0.0}]}
+    arm = measure_arm(timelines, 0.0, 10.0)
+    assert arm.actions == {"memory_cap": 1}
+    assert arm.actions_not_applied == {"memory_cap:deferred": 1, "sync_priority:unsupported": 1}
+    assert [a["t"] for a in arm.action_timeline] == [2.0]
+    assert arm.effective_training_time_ratio == 0.0  # a paused worker's updates are not its own

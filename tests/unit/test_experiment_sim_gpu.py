@@ -54,7 +54,7 @@ def test_under_a_fraction_the_allocator_reclaims_fragmented_blocks_instead() -> 
     gpu.set_working_set(3 * GIB)
     gpu.fragment(9 * GIB)
     cap = MemoryCap(cuda=gpu)
-    assert "capped" in cap.apply(MemoryCapParams(limit_bytes=7 * GIB))
+    assert "capped" in cap.apply(MemoryCapParams(limit_bytes=7 * GIB)).detail
     assert gpu.used_bytes <= 7 * GIB  # reclaimed when the cap landed
     for _ in range(50):
         gpu.fragment(1 * GIB)  # the leak goes on; the card never fills
@@ -68,6 +68,43 @@ def test_live_memory_over_the_cap_is_still_an_oom() -> None:
     gpu.set_fraction(4 / 24, 0)
     with pytest.raises(SimulatedOutOfMemoryError):
         gpu.set_working_set(5 * GIB)
+
+
+def _card_holding_live_memory() -> SimulatedGpu:
+    """3 GiB working set, 6 GiB of held live tensors, 4 GiB of fragmented blocks."""
+    gpu = SimulatedGpu("g")
+    gpu.set_working_set(3 * GIB)
+    gpu.hold(6 * GIB)
+    gpu.fragment(4 * GIB)
+    return gpu
+
+
+def test_a_fraction_set_below_held_memory_makes_the_next_allocation_fail() -> None:
+    """What a cap did before it knew what the process holds: caused the OOM."""
+    gpu = _card_holding_live_memory()
+    gpu.set_fraction(7 / 24, 0)  # fragmented blocks go, the held tensors cannot
+    assert gpu.fragmented_bytes == 0 and gpu.live_bytes == 9 * GIB
+    with pytest.raises(SimulatedOutOfMemoryError):
+        gpu.set_working_set(3 * GIB)
+
+
+def test_the_memory_cap_defers_below_held_memory_and_applies_once_it_is_let_go() -> None:
+    gpu = _card_holding_live_memory()
+    cap = MemoryCap(cuda=gpu)
+    pending = cap.apply(MemoryCapParams(limit_bytes=7 * GIB))
+    assert pending.now.status.value == "deferred"
+    assert gpu.fraction is None and gpu.fragmented_bytes == 0  # cached blocks released
+    for _ in range(5):  # training goes on, the leak's blocks released at each re-check
+        gpu.set_working_set(3 * GIB)
+        gpu.fragment(2 * GIB)
+        assert pending.settle() is None
+    gpu.release_held()
+    effect = pending.settle()
+    assert effect.status.value == "applied" and gpu.fraction == pytest.approx(7 / 24)
+    gpu.set_working_set(3 * GIB)  # no OOM: the cap came when the live memory fit under it
+    for _ in range(20):
+        gpu.fragment(1 * GIB)
+    assert gpu.used_bytes <= 7 * GIB
 
 
 def test_thermal_fault_heats_throttles_and_slows_kernels() -> None:

@@ -7,43 +7,13 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
+from gateway_server import serving
 
 from dsec.infra.kafka_local import free_port
-from dsec.infra.runtime_registry import RuntimeRegistry
-from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
-from dsec.services.gateway_http import uvicorn_config
-
-
-class NullPublisher:
-    async def publish(self, key: bytes, value: bytes) -> None:
-        pass
-
-
-@contextmanager
-def serving(config: GatewayConfig) -> Iterator[None]:
-    app = IngestGateway(config, RuntimeRegistry(), NullPublisher(), "job-a").app()
-    server = uvicorn.Server(uvicorn_config(app, config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started, "the gateway did not start"
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def _closed_by_server(connection: socket.socket) -> bool:

@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+from gateway_server import RecordingPublisher
 from starlette.testclient import TestClient
 
 from dsec.infra.runtime_registry import RuntimeRegistry
@@ -26,14 +27,6 @@ REGISTRATION = {
 }
 EPISODE = ('{"samples": [{"kind": "episode", "event_time_ms": 1800000000000, '
            '"episode_index": 0, "reward": %s, "length": 12}]}')
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.published: list[tuple[bytes, bytes]] = []
-
-    async def publish(self, key: bytes, value: bytes) -> None:
-        self.published.append((key, value))
 
 
 class FakeClock:

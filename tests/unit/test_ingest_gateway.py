@@ -6,13 +6,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from gateway_server import RecordingPublisher
 from starlette.testclient import TestClient
 
 from dsec.actuators.webhooks import WebhookForwarder, answer_status
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
-from dsec.ingest.gateway_publisher import PublishError
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
@@ -38,17 +38,6 @@ GOOD_SAMPLES = {"samples": [
      "reward": 3.5, "length": 12, "termination_reason": "tool_call_timeout"},
     {"kind": "heartbeat", "event_time_ms": 1_800_000_000_001, "interval_s": 5},
 ]}
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.published: list[tuple[bytes, bytes]] = []
-        self.failing = False
-
-    async def publish(self, key: bytes, value: bytes) -> None:
-        if self.failing:
-            raise PublishError("broker away")
-        self.published.append((key, value))
 
 
 @pytest.fixture
@@ -92,6 +81,45 @@ def test_metrics_become_one_batch_with_the_registered_identity(gateway) -> None:
     assert batch.identity == WorkerIdentity(job_id="job-a", worker_id="dify-agent-7",
                                             node_id="agent-host-1")
     assert [s.kind for s in batch.samples] == ["episode", "heartbeat"]
+
+
+COLUMNS = {"step": {"event_time_ms": [1_800_000_000_000, 1_800_000_000_010],
+                    "step": [0, 1], "loss": [0.5, None], "loss_nonfinite": [False, True]},
+           "heartbeat": {"event_time_ms": [1_800_000_000_020], "interval_s": [5.0]}}
+
+
+def test_columns_and_a_batch_id_make_one_message_id_per_runtime_and_batch(gateway) -> None:
+    """The probes' form: columns, named by the probe, so that a batch posted twice (an
+    answer lost on the way back) is one message id downstream."""
+    client, publisher, _ = gateway
+    own = enrol(client)
+    body = {"batch_id": "3f2a9c1d00000001", "columns": COLUMNS}
+    answers = [client.post("/v1/runtimes/dify-agent-7/metrics", json=body, headers=own)
+               for _ in range(2)]
+    assert [a.status_code for a in answers] == [202, 202]
+    assert answers[0].json() == answers[1].json()
+    assert answers[0].json()["accepted"] == 3
+    first, second = (decode(value, MetricBatch) for _key, value in publisher.published[-2:])
+    assert first.event_id == second.event_id == answers[0].json()["batch_id"]
+    assert [(r.kind, r.loss_nonfinite) for r in first.rows() if r.kind == "step"] == [
+        ("step", False), ("step", True)]
+    other = enrol(client, {**REGISTRATION, "runtime_id": "other-agent"})
+    theirs = client.post("/v1/runtimes/other-agent/metrics", json=body, headers=other)
+    assert theirs.json()["batch_id"] != answers[0].json()["batch_id"]  # never another's id
+    unnamed = client.post("/v1/runtimes/dify-agent-7/metrics", json={"columns": COLUMNS},
+                          headers=own)
+    assert unnamed.json()["batch_id"] != answers[0].json()["batch_id"]
+
+
+def test_a_post_with_neither_rows_nor_columns_is_refused(gateway) -> None:
+    client, publisher, _ = gateway
+    own = enrol(client)
+    published_before = len(publisher.published)
+    for body in ({}, {"columns": {}}, {"batch_id": "3f2a9c1d00000001"}):
+        answer = client.post("/v1/runtimes/dify-agent-7/metrics", json=body, headers=own)
+        assert answer.status_code == 422, body
+        assert [p["field"] for p in answer.json()["problems"]] == ["samples"]
+    assert len(publisher.published) == published_before
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},

@@ -13,7 +13,15 @@ from dsec.bench.traces import (
     reward_variance_jump,
 )
 from dsec.infra.records import Record
-from dsec.schemas import DeadLetter, FeatureEvent, GpuProfileEvent, MetricBatch, encode
+from dsec.schemas import (
+    DeadLetter,
+    FeatureEvent,
+    GpuProfileEvent,
+    MetricBatch,
+    WorkerIdentity,
+    encode,
+)
+from dsec.schemas.policies import TargetSelector
 from dsec.schemas.topics import topic_names
 from dsec.stream_jobs.metrics_job import MetricsJob, derived_event_id
 from dsec.stream_jobs.worker_state import WorkerState, WorkerStateTable
@@ -164,3 +172,26 @@ def test_liveness_reports_a_silent_worker_once_and_only_when_caught_up() -> None
     job.save(lost.states)
     again = job.check_liveness(now_ms + 20_000, lambda partition: last + 1)
     assert again.outputs == [] and again.lost_workers == 1
+
+
+def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() -> None:
+    pooled = WorkerIdentity(job_id="synthetic", worker_id="worker-000", node_id="node-00",
+                            pool="a100-pool", labels={"rack": "r7"})
+    batches = [b.model_copy(update={"identity": pooled})
+               for b in leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)]
+    job = MetricsJob(TOPICS, {})
+    result = job.process(_records(batches), _now_ms(batches))
+    event = result.per_record[-1].event
+    assert event.tags["pool"] == "a100-pool" and event.tags["rack"] == "r7"
+    assert event.tags["gpu_model"] == IDENTITY.gpu_model
+    selector = TargetSelector(pools=["a100-pool"], gpu_models=[IDENTITY.gpu_model],
+                              labels={"rack": "r7"})
+    assert selector.matches(event.identity.job_id, event.tags)
+    assert event.target_pool() == "a100-pool"
+    job.save(result.states)
+    lost = job.check_liveness(_now_ms(batches) + 60_000, lambda partition: len(batches))
+    assert lost.outputs[0].event.tags == {"pool": "a100-pool", "rack": "r7",
+                                          "gpu_model": IDENTITY.gpu_model}
+    unpooled = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)[:3]
+    plain = MetricsJob(TOPICS, {}).process(_records(unpooled), _now_ms(unpooled))
+    assert plain.per_record[-1].event.tags.keys() <= {"gpu_model", "episode_end_reason"}

@@ -18,6 +18,8 @@ from dsec.schemas import (
 )
 from dsec.schemas.actuations import MemoryCapParams, SnapshotParams
 from dsec.schemas.export import export_json_schemas
+from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES, fleet_identity
+from dsec.schemas.signing import canonical_bytes
 
 IDENTITY = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0")
 
@@ -70,6 +72,27 @@ def test_identifiers_are_constrained() -> None:
         decode(b'{"job_id": "j", "worker_id": "w 0; drop", "node_id": "n"}', WorkerIdentity)
 
 
+def test_an_identity_without_pool_or_labels_keeps_its_canonical_form() -> None:
+    assert canonical_bytes(IDENTITY) == b'{"job_id":"job","node_id":"n0","worker_id":"w0"}'
+    pooled = WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", pool="A",
+                            labels={"rack": "r1"})
+    assert decode(encode(pooled), WorkerIdentity) == pooled
+    assert len({pooled, decode(encode(pooled), WorkerIdentity), IDENTITY}) == 2
+    with pytest.raises(ValueError, match="reserved label names: pool"):
+        WorkerIdentity(job_id="job", worker_id="w0", node_id="n0", labels={"pool": "B"})
+
+
+def test_fleet_feature_events_name_their_pool_where_a_worker_would_be() -> None:
+    event = FeatureEvent(identity=fleet_identity("job", "A"), scope="pool", window="1h",
+                         features={"breaker_trips_per_hour": 4.0}, tags={"pool": "A"})
+    assert event.identity.worker_id == "pool:A" and event.identity.node_id == "fleet"
+    assert decode(encode(event), FeatureEvent).target_pool() == "A"
+    assert fleet_identity("job").worker_id == "job" and fleet_identity("job").pool is None
+    worker = FeatureEvent(identity=IDENTITY, features={}, tags={"pool": "B"})
+    assert worker.scope == "worker" and worker.target_pool() == "B"
+    assert set(FLEET_FEATURES).isdisjoint(WORKER_FEATURES)
+
+
 def test_non_finite_features_are_refused() -> None:
     with pytest.raises(ValueError, match="non-finite"):
         FeatureEvent(identity=IDENTITY, features={"reward_variance": float("nan")})
@@ -81,6 +104,24 @@ def test_action_parameters_are_bounded() -> None:
     with pytest.raises(ValueError):
         MemoryCapParams(limit_bytes=1 << 50)
     assert MemoryCapParams(limit_bytes=4 << 30).limit_bytes == 4 << 30
+
+
+def test_an_undo_may_return_to_the_workers_own_setting_and_nothing_else() -> None:
+    from pydantic import ValidationError
+
+    from dsec.schemas.actuations import (
+        GradAccumulationParams,
+        GradCompressionParams,
+        PrecisionParams,
+    )
+
+    assert PrecisionParams(dtype="original").dtype == "original"
+    assert GradCompressionParams(bits="original").bits == "original"
+    assert GradAccumulationParams(steps="original").steps == "original"
+    for model, field in ((PrecisionParams, "dtype"), (GradCompressionParams, "bits"),
+                         (GradAccumulationParams, "steps")):
+        with pytest.raises(ValidationError):
+            model(**{field: "own"})
 
 
 def test_command_expiry_is_bounded() -> None:

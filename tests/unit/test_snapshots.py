@@ -199,3 +199,30 @@ def test_snapshot_bench_headline_is_the_minimal_state_beside_the_full_one(tmp_pa
     assert full["snapshots"] == result["snapshots"] == 3
     # Without the moments and with int8 weights a snapshot is several times smaller.
     assert result["incremental_bytes_mean"] * 4 < full["incremental_bytes_mean"]
+
+
+def test_a_snapshot_is_written_at_the_commands_compression_level(tmp_path: Path) -> None:
+    from dsec.actuators.snapshot_codec import ChunkCodec
+    from dsec.actuators.snapshot_trigger import SnapshotTrigger
+    from dsec.schemas.actuations import SnapshotParams
+
+    model, optimizer = _model_and_optimizer()
+    snapshotter = Snapshotter(model, optimizer, SnapshotConfig(directory=tmp_path,
+                                                               chunk_bytes=8192))
+    trigger = SnapshotTrigger(lambda: 3)
+    trigger.attach(snapshotter)
+    for params in (SnapshotParams(compression_level=19), SnapshotParams()):
+        trigger.apply(params)
+        assert snapshotter.wait_idle(30)
+        _train_step(model, optimizer)
+    snapshotter.close()
+    raised, default = (read_manifest(tmp_path, seq) for seq in list_sequences(tmp_path))
+    assert raised.meta["compression_level"] == 19 and default.meta["compression_level"] == 3
+    # the keyframe's bytes are what zstd level 19 makes of its chunks, not level 3
+    chunk = max((c for t in raised.tensors if t.dtype == "float32" for c in t.chunks),
+                key=lambda c: c.nbytes)
+    pack = pack_path(tmp_path, raised.seq).read_bytes()
+    stored = pack[chunk.offset:chunk.offset + chunk.length]
+    raw = ChunkCodec().decode(stored, None, 4, chunk.nbytes)
+    assert ChunkCodec(19).encode(raw, None, 4) == stored != ChunkCodec(3).encode(raw, None, 4)
+    assert restore(f"file://{tmp_path}", *_model_and_optimizer(seed=1)).seq == default.seq
