@@ -12,8 +12,8 @@ setup: $(VENV)/.installed $(VENV)/.kafka-jars native
 native:
 	@VENV=$(VENV) bash infra/setup.sh native
 
-# Helm and Docker Compose for the deployment tests, built from their Go modules into
-# ~/.cache/dsec/tools (a few minutes the first time, instant afterwards).
+# Helm, Docker Compose and promtool for the deployment tests, built from their Go modules
+# into ~/.cache/dsec/tools (minutes the first time, instant afterwards).
 tools:
 	@VENV=$(VENV) bash infra/setup.sh tools
 

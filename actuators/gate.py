@@ -20,8 +20,8 @@ from dsec.schemas import (
     ActuationResult,
     ActuationStatus,
     SignatureError,
+    Verifier,
     WorkerIdentity,
-    verify,
 )
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
@@ -55,7 +55,7 @@ class CommandGate:
     (idempotent by actuation id, remembered for verified commands only)."""
 
     def __init__(
-        self, identity: WorkerIdentity | None, signing_key: bytes,
+        self, identity: WorkerIdentity | None, verifier: Verifier,
         remember: int = REPLAY_MEMORY_IDS, *, max_future_ms: int = COMMAND_MAX_FUTURE_MS,
         addressed: AddressedTo | None = None,
     ) -> None:
@@ -68,7 +68,7 @@ class CommandGate:
             raise ValueError("max_future_ms must be >= 0")
         self._identity = identity
         self._addressed = addressed
-        self._key = signing_key
+        self._verifier = verifier
         self._max_future_ms = max_future_ms
         self._seen = ReplayMemory(remember, keep_after_expiry_ms=max_future_ms)
         self._lock = threading.Lock()
@@ -98,7 +98,7 @@ class CommandGate:
     def check(self, command: ActuationCommand, now_ms: int) -> Rejection | None:
         """None when the command may be applied; never None twice for one actuation id."""
         try:
-            verify(command, self._key)
+            self._verifier.verify(command)
         except SignatureError as exc:
             return Rejection(ActuationStatus.REJECTED, f"bad signature: {exc}", verified=False,
                              addressed=self._addressed(command.target))

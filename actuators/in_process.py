@@ -24,7 +24,7 @@ from dsec.actuators.pipeline import Applier, CommandPipeline, Outcome
 from dsec.actuators.results import Publish, ResultPublisher
 from dsec.actuators.step_queue import StepBoundaryQueue
 from dsec.infra.consumer_loop import ConsumerLoopConfig, Start
-from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity
+from dsec.schemas import ActuationCommand, ActuationStatus, Verifier, WorkerIdentity
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class InProcessActuator:
         actuations_topic: str,
         results_topic: str,
         hooks: ApplyHooks,
-        signing_key: bytes,
+        verifier: Verifier,
         publish: Publish,
         on_command: Callable[[], None] = lambda: None,
         max_future_ms: int = COMMAND_MAX_FUTURE_MS,
@@ -92,7 +92,7 @@ class InProcessActuator:
         self._results = ResultPublisher(results_topic, publish, service=SERVICE)
         self._applier = HookApplier(hooks, self._results)
         self._pipeline = CommandPipeline(
-            CommandGate(identity, signing_key, max_future_ms=max_future_ms),
+            CommandGate(identity, verifier, max_future_ms=max_future_ms),
             self._applier, self._results)
         self._queue: StepBoundaryQueue[ActuationCommand] = StepBoundaryQueue(on_command)
         self._source = CommandSource(

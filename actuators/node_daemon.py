@@ -34,7 +34,7 @@ from dsec.actuators.pipeline import CommandPipeline
 from dsec.actuators.results import Publish, ResultPublisher
 from dsec.infra.consumer_loop import ConsumerLoopConfig, Start
 from dsec.infra.observability.metrics import ProcessMetrics
-from dsec.schemas import ActuationStatus
+from dsec.schemas import ActuationStatus, Verifier
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class NodeActuatorConfig:
     run_dir: Path
     actuations_topic: str
     results_topic: str
-    signing_key: bytes
+    verifier: Verifier
     poll_interval_s: float = 0.2
     max_future_ms: int = COMMAND_MAX_FUTURE_MS  # how far ahead a command may be dated
     dead_letters_topic: str | None = None  # where a message that could not be handled goes
@@ -67,7 +67,7 @@ class NodeActuator:
         self.socket_path = socket_path(config.run_dir, config.node_id)
         self._results = ResultPublisher(config.results_topic, publish, service=SERVICE,
                                         metrics=metrics)
-        self._gate = CommandGate(None, config.signing_key, addressed=node_target(config.node_id),
+        self._gate = CommandGate(None, config.verifier, addressed=node_target(config.node_id),
                                  max_future_ms=config.max_future_ms)
         self.delivery = NodeDelivery(config.run_dir / f"desired-{config.node_id}.json",
                                      self._results)
@@ -103,7 +103,7 @@ class NodeActuator:
 
     def start(self, ready_timeout_s: float = 30.0) -> NodeActuator:
         prepare_run_dir(self.config.run_dir)
-        self.delivery.load(self._gate, self.config.signing_key)
+        self.delivery.load(self._gate, self.config.verifier)
         self.socket_path.unlink(missing_ok=True)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         previous_umask = os.umask(0o177)  # the socket is born owner-only

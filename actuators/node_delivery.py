@@ -30,8 +30,8 @@ from dsec.schemas import (
     ActuationResult,
     ActuationStatus,
     SignatureError,
+    Verifier,
     WorkerIdentity,
-    verify,
 )
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class NodeDelivery(Applier):
         except OSError as exc:
             log.warning("dsec node actuator: desired state not saved: %s", exc)
 
-    def load(self, gate: CommandGate, signing_key: bytes) -> None:
+    def load(self, gate: CommandGate, verifier: Verifier) -> None:
         """Commands saved by an earlier run, re-verified (the file is input like any other)
         and remembered by the gate as seen."""
         try:
@@ -189,7 +189,7 @@ class NodeDelivery(Applier):
             for raw in saved if isinstance(saved, list) else []:
                 try:
                     command = ActuationCommand.model_validate(raw)
-                    verify(command, signing_key)
+                    verifier.verify(command)
                 except (ValidationError, SignatureError) as exc:
                     log.warning("dsec node actuator: dropped a saved command: %s", exc)
                     continue

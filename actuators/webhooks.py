@@ -30,7 +30,7 @@ from dsec.actuators.results import DETAIL_MAX_CHARS, Publish, ResultPublisher
 from dsec.infra.consumer_loop import ConsumerLoopConfig
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.runtime_registry import RuntimeRegistry
-from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity, encode
+from dsec.schemas import ActuationCommand, ActuationStatus, Verifier, WorkerIdentity, encode
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class WebhookForwarder:
         consumer_config: dict,
         actuations_topic: str,
         results_topic: str,
-        signing_key: bytes,
+        verifier: Verifier,
         publish: Publish,
         timeout_s: float,
         post: PostJson = post_json,
@@ -122,7 +122,7 @@ class WebhookForwarder:
         self._registry = registry
         self._poster = WebhookPoster(registry, post, timeout_s)
         self._pipeline = CommandPipeline(
-            CommandGate(None, signing_key, addressed=registered_runtime(registry, default_job_id),
+            CommandGate(None, verifier, addressed=registered_runtime(registry, default_job_id),
                         max_future_ms=max_future_ms),
             self._poster, ResultPublisher(results_topic, publish, service=SERVICE,
                                           metrics=metrics))

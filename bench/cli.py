@@ -165,6 +165,19 @@ def fuzz(
 
 bench_app.command("snapshot")(snapshot_command)
 bench_app.command("policy-eval")(policy_eval)
+
+
+@bench_app.command("signing")
+def signing(
+    commands: Annotated[int, typer.Option(min=100)] = 5_000,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Ed25519 sign and verify per command (key file, trust list file), against hmac-dev."""
+    from dsec.bench.signing import signing_costs
+
+    _print(signing_costs(commands), as_json, "dsec bench signing")
+
+
 bench_app.command("probe-overhead")(probe_overhead)
 bench_app.command("native")(native_command)
 bench_app.command("compression")(compression)

@@ -44,6 +44,7 @@ from dsec.bench.reaction import ReactionBenchError, _spawn, _wait_until
 from dsec.history import query
 from dsec.infra.kafka_clients import consumer_config, make_producer
 from dsec.infra.kafka_local import LocalKafka
+from dsec.infra.keys import signing_env
 from dsec.infra.replay import replay
 from dsec.infra.store.sink import wait_until_drained
 from dsec.infra.topics import ensure_topics
@@ -85,10 +86,8 @@ class DetectionBenchOptions:
 
 
 def _environment(settings: DsecSettings) -> dict[str, str]:
-    assert settings.signing_key is not None
-    return {**os.environ, "DSEC_BOOTSTRAP": settings.bootstrap,
+    return {**os.environ, **signing_env(settings), "DSEC_BOOTSTRAP": settings.bootstrap,
             "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_DATA_DIR": str(settings.data_dir),
-            "DSEC_SIGNING_KEY": settings.signing_key.get_secret_value(),
             "DSEC_POLICY_DRY_RUN": "0", "DSEC_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
 
 
@@ -148,7 +147,7 @@ def run_detection_bench(options: DetectionBenchOptions) -> dict:
         bootstrap = options.bootstrap or kafka.start()  # type: ignore[union-attr]
         settings = DsecSettings(bootstrap=bootstrap,
                                 topic_prefix=f"detect{uuid.uuid4().hex[:8]}",
-                                data_dir=work / "data", signing_key=uuid.uuid4().hex,
+                                data_dir=work / "data",
                                 metrics_port=0)
         settings.data_dir.mkdir()
         ensure_topics(settings)

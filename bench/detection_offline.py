@@ -19,6 +19,7 @@ from dsec.policy_engine.policy_agent import PolicyAgent
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import encode, topic_names
 from dsec.schemas.policies import DecisionKind
+from dsec.schemas.signing import HmacSigner, HmacVerifier
 from dsec.stream_jobs.card_job import CardJob
 from dsec.stream_jobs.metrics_job import MetricsJob
 
@@ -41,11 +42,12 @@ def run_offline(traces: Sequence[DetectionTrace], start_ms: int, preroll_s: floa
     now = [start_ms]
     metrics = MetricsJob(topics, {}, clock_ms=lambda: now[0])
     cards = CardJob(topics, {}, clock_ms=lambda: now[0])
-    key = secrets.token_bytes(32)
-    registry = PolicyRegistry(key)
-    for policy in load_builtin_policies(key):
-        registry.install(policy)
-    agent = PolicyAgent(topics, registry, {}, {}, key)
+    # Offline: what the engine signs goes nowhere.
+    signer = HmacSigner(secrets.token_bytes(32))
+    registry = PolicyRegistry(HmacVerifier(signer.key))
+    for policy in load_builtin_policies():
+        registry.install_trusted(policy)
+    agent = PolicyAgent(topics, registry, {}, {}, signer)
     run = OfflineRun()
     offset = [0]
 

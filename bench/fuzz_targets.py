@@ -45,16 +45,18 @@ from dsec.schemas import (
     RuntimeRegistration,
     WorkerIdentity,
     decode,
-    sign,
 )
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
 from dsec.schemas.features import WORKER_FEATURES
 from dsec.schemas.frames import Frame, batch_frames
+from dsec.schemas.signing import HmacSigner, HmacVerifier
 from dsec.schemas.topics import topic_names
 from dsec.stream_jobs.metrics_job import MetricsJob
 
-KEY = b"fuzz-signing-key"
+# Fuzzing is about the inputs, not the keys: the hmac-dev pair, fast and role-free.
+SIGNER = HmacSigner(b"fuzz-signing-key")
+VERIFIER = HmacVerifier(SIGNER.key)
 NOW_MS = 1_800_000_000_000  # the clock of the checks that need one (2027-01-15)
 WINDOW = EventTimeWindow()
 SLOW_S = 5.0  # one input taking longer than this to decode counts as a hang
@@ -245,9 +247,9 @@ def _builtin_registry() -> PolicyRegistry:
     if _ENGINE_REGISTRY is None:
         from dsec.policy_engine.builtin import load_builtin_policies
 
-        _ENGINE_REGISTRY = PolicyRegistry(KEY)
-        for policy in load_builtin_policies(KEY):
-            _ENGINE_REGISTRY.install(policy)
+        _ENGINE_REGISTRY = PolicyRegistry(VERIFIER)
+        for policy in load_builtin_policies():
+            _ENGINE_REGISTRY.install_trusted(policy)
     return _ENGINE_REGISTRY
 
 
@@ -260,7 +262,7 @@ def feature_event(data: bytes) -> None:
     assert isinstance(event, FeatureEvent)
     if not all(math.isfinite(value) for value in event.features.values()):
         raise FuzzFinding("FeatureEvent", "accepted a non-finite feature", data)
-    engine = Engine(_builtin_registry(), {}, {}, KEY)
+    engine = Engine(_builtin_registry(), {}, {}, SIGNER)
     _outcome("FeatureEvent", data, lambda: engine.evaluate([event]), ())
 
 
@@ -274,14 +276,14 @@ def policy_record(data: bytes) -> None:
     """A record of the policies topic: the registry audits it whatever it holds, and a
     policy it accepts, signed, compiles or is refused, and then evaluates."""
     target = "policy"
-    decision = _outcome(target, data, lambda: PolicyRegistry(KEY).offer(b"fuzz", data), ())
+    decision = _outcome(target, data, lambda: PolicyRegistry(VERIFIER).offer(b"fuzz", data), ())
     if decision is not None and not isinstance(decision, PolicyDecision):
         raise FuzzFinding(target, f"offer returned {type(decision).__name__}", data)
     record = _outcome(target, data, lambda: parse_record(data), (PolicyRejected,))
     if not isinstance(record, PolicySpec):
         return
-    registry = PolicyRegistry(KEY)
-    signed = _outcome(target, data, lambda: sign(record, KEY), ())
+    registry = PolicyRegistry(VERIFIER)
+    signed = _outcome(target, data, lambda: SIGNER.sign(record), ())
     installed = _outcome(target, data, lambda: registry.install(signed), ())
     compiled = _outcome(target, data, lambda: compile_policy(record), (PolicyRejected,))
     accepted = installed is not None and installed.decision == "policy_accepted"
@@ -293,7 +295,7 @@ def policy_record(data: bytes) -> None:
     events = [FeatureEvent(identity=identity, event_time_ms=NOW_MS + i * 1000,
                            features=features)
               for i, features in enumerate((_HOT, _COLD, {}, _HOT))]
-    engine = Engine(registry, {}, {}, KEY)
+    engine = Engine(registry, {}, {}, SIGNER)
     _outcome(target, data, lambda: engine.evaluate(events), ())
 
 
@@ -310,7 +312,7 @@ def actuation_command(data: bytes) -> None:
     if command is None:
         return
     assert isinstance(command, ActuationCommand)
-    gate = CommandGate(None, KEY, addressed=node_target(command.target.node_id))
+    gate = CommandGate(None, VERIFIER, addressed=node_target(command.target.node_id))
     for now_ms in (command.event_time_ms, NOW_MS):
         _outcome("ActuationCommand", data, lambda now_ms=now_ms: gate.check(command, now_ms), ())
 

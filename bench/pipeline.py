@@ -161,7 +161,7 @@ def _pipeline_rate(
     data_dir: Path,
 ) -> dict[str, float]:
     env = {**os.environ, "DSEC_DATA_DIR": str(data_dir),
-           "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_SIGNING_KEY": "bench"}
+           "DSEC_TOPIC_PREFIX": settings.topic_prefix}
     log = (data_dir / "stack.log").open("wb")
     stack = subprocess.Popen(
         [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,

@@ -51,11 +51,12 @@ def engine_step_ms(targets: int, tripping: float = 0.01) -> float:
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
     from dsec.schemas import FeatureEvent, WorkerIdentity
+    from dsec.schemas.signing import TrustListVerifier, new_keyring
 
-    key = b"bench"
-    registry = PolicyRegistry(key)
-    for policy in load_builtin_policies(key):
-        registry.install(policy)
+    keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
+    registry = PolicyRegistry(TrustListVerifier(trust))
+    for policy in load_builtin_policies():
+        registry.install_trusted(policy)
     every = max(1, round(1 / tripping))
 
     def step(time_ms: int) -> list[FeatureEvent]:
@@ -69,7 +70,7 @@ def engine_step_ms(targets: int, tripping: float = 0.01) -> float:
             for i in range(targets)
         ]
 
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, keyring)
     engine.evaluate(step(1_000_000))
     engine.evaluate(step(1_005_000))
     events = step(1_010_000)

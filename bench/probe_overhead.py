@@ -169,7 +169,7 @@ def run_probe_overhead(options: OverheadOptions) -> dict[str, Any]:
     try:
         transport_name, bootstrap = _start_transport(options, cleanup)
         settings = DsecSettings(bootstrap=bootstrap or "127.0.0.1:9", topic_prefix="bench",
-                                job_id="bench", signing_key="bench")
+                                job_id="bench")
         if bootstrap:
             ensure_topics(settings)
         config = ProbeConfig()

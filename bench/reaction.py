@@ -34,6 +34,7 @@ from dsec.actuators.channel import socket_path
 from dsec.bench.reaction_figures import TrialRecord, reaction_figures
 from dsec.bench.reaction_trace import read_stage_times
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
+from dsec.infra.keys import signing_env
 from dsec.infra.topics import ensure_topics
 from dsec.ingest import ProbeConfig
 from dsec.schemas.settings import DsecSettings
@@ -63,15 +64,15 @@ class ReactionBenchOptions:
 
 
 def _environment(settings: DsecSettings) -> dict[str, str]:
-    assert settings.signing_key is not None and settings.run_dir is not None
+    assert settings.run_dir is not None
     return {
         **os.environ,
+        **signing_env(settings),
         "DSEC_BOOTSTRAP": settings.bootstrap,
         "DSEC_TOPIC_PREFIX": settings.topic_prefix,
         "DSEC_JOB_ID": settings.job_id,
         "DSEC_DATA_DIR": str(settings.data_dir),
         "DSEC_RUN_DIR": str(settings.run_dir),
-        "DSEC_SIGNING_KEY": settings.signing_key.get_secret_value(),
         "DSEC_ACTUATOR_CHANNEL": "node",  # through the node actuator, never the worker's own
         "DSEC_POLICY_DRY_RUN": "0",
         "DSEC_METRICS_PORT": "0",  # nothing to scrape, and no port to collide on
@@ -132,7 +133,7 @@ def run_reaction_bench(options: ReactionBenchOptions) -> dict[str, object]:
         settings = DsecSettings(
             bootstrap=bootstrap, topic_prefix=f"reaction{uuid.uuid4().hex[:8]}",
             job_id="bench-reaction", data_dir=work / "data", run_dir=work / "run",
-            signing_key=uuid.uuid4().hex, metrics_port=0,
+            metrics_port=0,
         )
         settings.data_dir.mkdir()
         ensure_topics(settings)

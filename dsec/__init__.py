@@ -36,7 +36,8 @@ _NAMES: dict[str, str] = {
         for name in (
             "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
             "enable_snapshots", "init", "note_accumulation", "note_grad_norm", "on_action",
-            "report_episode_end", "report_step", "restore", "sb3_callback", "shutdown",
+            "report_episode_end", "report_resume", "report_step", "restore", "sb3_callback",
+            "shutdown",
             "training_step", "watch_ddp", "wrap_env",
         )
     },

@@ -15,8 +15,9 @@ step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import SecretStr
 
@@ -48,6 +49,7 @@ __all__ = [
     "note_grad_norm",
     "on_action",
     "report_episode_end",
+    "report_resume",
     "report_step",
     "restore",
     "sb3_callback",
@@ -255,13 +257,27 @@ def enable_snapshots(
 
 def restore(
     location: str | None = None, model: Any = None, optimizer: Any = None,
-    *, restore_rng: bool = True,
+    *, restore_rng: bool = True, report: bool = True,
 ) -> RestoredState:
     """Rebuilds state from the newest verified snapshot in ``location`` (default: this
-    worker's snapshot directory) into ``model`` and ``optimizer``."""
+    worker's snapshot directory) into ``model`` and ``optimizer``. After ``dsec.init``,
+    the resume is reported (``report_resume("snapshot", ...)`` with the time it took)
+    unless ``report`` is False, for a loop that reports its resume itself."""
     if location is None:
         location = current().settings.snapshot_location()
-    return _restore(location, model, optimizer, restore_rng=restore_rng)
+    started_s = time.monotonic()
+    state = _restore(location, model, optimizer, restore_rng=restore_rng)
+    if report and _runtime is not None:
+        _runtime.report_resume("snapshot", time.monotonic() - started_s, state.global_step)
+    return state
+
+
+def report_resume(source: Literal["snapshot", "checkpoint", "scratch"], recovery_time_s: float,
+                  step: int | None = None) -> None:
+    """This worker resumed after an interruption: from a dsec snapshot, a checkpoint of
+    its own, or from scratch, taking ``recovery_time_s`` (``dsec.restore`` reports its
+    own)."""
+    current().report_resume(source, recovery_time_s, step)
 
 
 def shutdown() -> ProbeCounters | None:

@@ -115,6 +115,11 @@ def render_html(results: list[QueryResult], title: str = "dsec training-health r
         empty = "" if result.rows else "<p><em>no rows</em></p>"
         sections.append(f"<section><h2>{html.escape(ready.title)}</h2>{chart}{empty}"
                         f"<table><tr>{head}</tr>{body}</table></section>")
+    return html_page(title, sections)
+
+
+def html_page(title: str, sections: list[str]) -> str:
+    """One self-contained page (no scripts, no network) of ``sections`` of HTML."""
     style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}"
              "table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:2px 6px}")

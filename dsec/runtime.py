@@ -18,6 +18,7 @@ from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.worker_channel import WorkerChannel
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import verifier_for
 from dsec.ingest import KafkaTransport, Probe, ProbeConfig, ProbeCounters, Transport
 from dsec.ingest.cuda_memory import CudaMemoryCollector
 from dsec.ingest.grad_sync import CommHook, GradSyncTimer, instrument_all_reduce, timed_comm_hook
@@ -160,7 +161,7 @@ class WorkerRuntime:
                 actuations_topic=topics.actuations,
                 results_topic=topics.actuation_results,
                 hooks=self.hooks,
-                signing_key=settings.signing_key_bytes(),
+                verifier=verifier_for(settings),
                 publish=self.probe.publish,
                 on_command=self.probe.wake,
                 max_future_ms=settings.command_max_future_ms(),
@@ -222,6 +223,16 @@ class WorkerRuntime:
         ))
         self.controls.snapshot.attach(snapshotter, extra_state)
         return snapshotter
+
+    def report_resume(self, source: str, recovery_time_s: float, step: int | None = None) -> None:
+        """The worker resumed after an interruption, from ``source`` (``snapshot``,
+        ``checkpoint`` or ``scratch``), which took ``recovery_time_s``: a recovery sample,
+        from which the fleet's snapshot recovery time is computed."""
+        self.probe.record_fields("recovery", {
+            "recovery_time_s": min(max(float(recovery_time_s), 0.0), 86400.0),
+            "source": source,
+            "step": self.probe.global_step if step is None else max(int(step), 0),
+        })
 
     def on_action(self, kind: ActionKind | str, hook: Callable[[Any], str | None]) -> None:
         self.hooks.register(kind, hook)

@@ -1,7 +1,9 @@
 """A real single-node Apache Kafka broker (KRaft) assembled from Maven Central.
 
 The jars are resolved once with Maven into a cache folder; each broker gets its
-own data folder, formatted storage and loopback ports (chosen or free).
+own data folder, formatted storage and loopback ports (chosen or free). With ``auth``
+every client authenticates with SASL/SCRAM-SHA-512 and the KRaft ``StandardAuthorizer``
+allows it only what its ACLs say (the admin, a super user, excepted).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -91,6 +94,47 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+@dataclass(frozen=True)
+class BrokerAuth:
+    """SASL on both listeners and ACLs enforced. The client listener takes SCRAM-SHA-512
+    (the admin's credential is written at format, the others' through the Admin API);
+    the controller listener takes PLAIN, which KRaft supports there and SCRAM is not."""
+
+    admin_user: str = "admin"
+    admin_password: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    def client(self, username: str, password: str) -> dict[str, str]:
+        """librdkafka settings for a user of this broker."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": username, "sasl.password": password}
+
+    def admin(self) -> dict[str, str]:
+        return self.client(self.admin_user, self.admin_password)
+
+    def properties(self) -> dict[str, str]:
+        user, password = self.admin_user, self.admin_password
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+        return {
+            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,CLIENT:SASL_PLAINTEXT",
+            "listener.name.client.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.client.scram-sha-512.sasl.jaas.config":
+                f'{scram} required username="{user}" password="{password}";',
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{plain} required username="{user}" password="{password}" '
+                f'user_{user}="{password}";',
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{user}",
+        }
+
+    def format_arguments(self) -> list[str]:
+        return ["--add-scram",
+                f"SCRAM-SHA-512=[name={self.admin_user},password={self.admin_password}]"]
+
+
 @dataclass
 class LocalKafka:
     """One KRaft broker+controller on loopback; ``start()`` returns the bootstrap."""
@@ -101,6 +145,7 @@ class LocalKafka:
     heap_mb: int = 768
     start_timeout_s: float = 90.0
     cache_dir: Path | None = None
+    auth: BrokerAuth | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -109,14 +154,15 @@ class LocalKafka:
 
     def _write_config(self) -> Path:
         log_dir = self.data_dir / "log"
+        listener = "CLIENT" if self.auth is not None else "PLAINTEXT"
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{listener}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": listener,
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(log_dir),
             "num.partitions": "3",
@@ -128,6 +174,7 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
+            **(self.auth.properties() if self.auth is not None else {}),
         }
         config_path = self.data_dir / "server.properties"
         config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -158,7 +205,8 @@ class LocalKafka:
             cluster_id = uuid.uuid4().hex[:22]
             fmt = subprocess.run(
                 self._java_command(lib_dir, "kafka.tools.StorageTool", "format",
-                                   "-t", cluster_id, "-c", str(config_path)),
+                                   "-t", cluster_id, "-c", str(config_path),
+                                   *(self.auth.format_arguments() if self.auth else [])),
                 capture_output=True, text=True, check=False,
             )
             if fmt.returncode != 0:
@@ -182,7 +230,7 @@ class LocalKafka:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     pass
-                admin = AdminClient({"bootstrap.servers": self.bootstrap})
+                admin = AdminClient(self.client_config())
                 metadata = admin.list_topics(timeout=2)
                 if metadata.brokers:
                     return
@@ -191,6 +239,11 @@ class LocalKafka:
             time.sleep(0.2)
         self.stop()
         raise KafkaLocalError(f"broker not ready after {self.start_timeout_s} s", console)
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings that reach this broker (as its admin, with ``auth``)."""
+        return {"bootstrap.servers": self.bootstrap,
+                **(self.auth.admin() if self.auth is not None else {})}
 
     def stop(self, timeout_s: float = 20.0) -> None:
         process, self._process = self._process, None

@@ -53,10 +53,11 @@ native)
     step "native probe library" "$LOGS/native.log" make -C ingest/native
     ;;
 tools)
-    need go "Go" "Install Go 1.22 or newer (https://go.dev/doc/install); it builds Helm and Compose."
+    need go "Go" "Install Go 1.22 or newer (https://go.dev/doc/install); it builds Helm, Compose and promtool."
     mkdir -p "$LOGS"
     step "Helm (built from its Go module)" "$LOGS/helm.log" bash infra/tools/helm.sh
     step "Docker Compose (Go module)" "$LOGS/compose.log" bash infra/tools/docker-compose.sh
+    step "promtool (Prometheus's Go module)" "$LOGS/promtool.log" bash infra/tools/promtool.sh
     ;;
 *)
     echo "usage: infra/setup.sh python|kafka|native|tools" >&2

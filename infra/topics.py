@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dsec.schemas.settings import DsecSettings
 from dsec.schemas.topics import TOPICS
+
+log = logging.getLogger(__name__)
+# Under least privilege a service's user sees only its own topics in the metadata and
+# may create none: the others are dsec init's to make (docs/operations.md).
+_NOT_OURS = ("TOPIC_ALREADY_EXISTS", "TOPIC_AUTHORIZATION_FAILED")
 
 
 def ensure_topics(
@@ -33,8 +40,10 @@ def ensure_topics(
             future.result()
             created.append(name)
         except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            if exc.args[0].name() not in _NOT_OURS:
                 raise
+            if exc.args[0].name() == "TOPIC_AUTHORIZATION_FAILED":
+                log.info("dsec: %s is not this user's to create (dsec init makes it)", name)
     return created
 
 

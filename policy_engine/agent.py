@@ -15,7 +15,7 @@ from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.policy_engine.tables import feature_table, knob_table, state_table
-from dsec.schemas import PolicyDecision
+from dsec.schemas import PolicyDecision, Signer
 from dsec.schemas.topics import TopicNames
 
 __all__ = ["TABLES", "EngineCounters", "EngineOptions", "register_policy_engine"]
@@ -40,7 +40,7 @@ def register_policy_engine(
     app: App,
     topics: TopicNames,
     registry: PolicyRegistry,
-    signing_key: bytes,
+    signer: Signer,
     options: EngineOptions | None = None,
     startup_decisions: list[PolicyDecision] | None = None,
     policies_from_offset: int = 0,
@@ -58,7 +58,7 @@ def register_policy_engine(
     pool_records = app.topic(topics.pools, value_type=bytes, key_type=bytes)
     tables = tuple(_table(app, name) for name in TABLES)
     agent = PolicyAgent(topics, registry, state_table(tables[0]), knob_table(tables[1]),
-                        signing_key, policies_from_offset, pools, pools_from_offset,
+                        signer, policies_from_offset, pools, pools_from_offset,
                         known=feature_table(tables[2]))
 
     async def send_durably(output: Output) -> None:

@@ -10,17 +10,17 @@ from collections.abc import Mapping
 from importlib import resources
 
 from dsec.policy_engine.registry import PolicyRejected, parse_policy
-from dsec.schemas import PolicySpec, sign
+from dsec.schemas import PolicySpec
 
 
 def load_builtin_policies(
-    signing_key: bytes | None = None,
     params: Mapping[str, Mapping[str, float]] | None = None,
     *,
     dry_run: bool = False,
 ) -> list[PolicySpec]:
     """The pack, with ``params[name]`` merged into each policy's parameters (every one in
-    dry run when ``dry_run``), signed with ``signing_key`` when one is given."""
+    dry run when ``dry_run``). Unsigned: the pack is part of the installed code, and the
+    registry runs it with ``install_trusted``."""
     folder = resources.files("dsec.policy_engine").joinpath("builtin")
     overrides = dict(params or {})
     policies = []
@@ -37,7 +37,7 @@ def load_builtin_policies(
             policy = PolicySpec.model_validate({**body, "params": {**policy.params, **override}})
         if dry_run:
             policy = policy.model_copy(update={"dry_run": True})
-        policies.append(sign(policy, signing_key) if signing_key else policy)
+        policies.append(policy)
     if overrides:
         raise PolicyRejected(f"no built-in policies named {', '.join(sorted(overrides))}")
     return policies

@@ -20,6 +20,9 @@ class PolicyState:
     stage: int = 0
     stage_since_ms: int | None = None
     clear_since_ms: int | None = None
+    # A policy that fires once per cooldown raised its alert for the target, and the
+    # condition has held since: its clearing resolves the alert.
+    alert_open: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -29,6 +32,7 @@ class PolicyState:
             "stage": self.stage,
             "stage_since_ms": self.stage_since_ms,
             "clear_since_ms": self.clear_since_ms,
+            "alert_open": self.alert_open,
         }
 
     @classmethod
@@ -42,6 +46,7 @@ class PolicyState:
             stage=int(data.get("stage", 0)),
             stage_since_ms=data.get("stage_since_ms"),
             clear_since_ms=data.get("clear_since_ms"),
+            alert_open=bool(data.get("alert_open", False)),
         )
 
 

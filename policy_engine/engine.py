@@ -26,7 +26,7 @@ from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
 from dsec.policy_engine.tuning import Tuner, tuned
-from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, sign
+from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, Signer
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 from dsec.schemas.pools import PoolSpec
@@ -86,25 +86,44 @@ def render_alert(template: str, spec: PolicySpec, event: FeatureEvent,
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "unknown"), template)
 
 
+def _values(seen: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """The values of ``seen`` (value and age in seconds, by name), without their ages."""
+    return {name: value for name, (value, _age_s) in seen.items()}
+
+
+def _decision(spec: PolicySpec, event: FeatureEvent, kind: DecisionKind, stage: int,
+              detail: str, actuation: str | None = None,
+              features: dict[str, float] | None = None) -> PolicyDecision:
+    """The audit record of a decision on ``event``'s target, naming its alert (rendered
+    with ``features``, the values the condition saw) and GPU."""
+    return PolicyDecision(
+        event_time_ms=event.event_time_ms, policy_name=spec.name,
+        policy_version=spec.version, identity=event.identity, decision=kind,
+        stage=stage, actuation_id=actuation, detail=detail[:2048],
+        alert=render_alert(spec.alert, spec, event, features)[:256] if spec.alert else None,
+        gpu_uuid=event.gpu_uuid, gpu_model=event.tags.get("gpu_model", ""),
+    )
+
+
 class Engine:
     def __init__(
         self,
         registry: PolicyRegistry,
         states: MutableMapping[str, PolicyState],
         knobs: MutableMapping[str, KnobEntry],
-        signing_key: bytes,
+        signer: Signer,
         pools: PoolRegistry | None = None,
         known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
         """``known``: each target's last known features (see ``FeatureMemory``)."""
         self.registry = registry
-        self.pools = pools if pools is not None else PoolRegistry(signing_key)
+        self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
         self.states = states
         self.knobs = knobs
         self.memory = FeatureMemory({} if known is None else known)
         self._knobs = KnobBoard(knobs, registry)
-        self._signing_key = signing_key
-        self._tuner = Tuner(registry, self.pools, signing_key)
+        self._signer = signer
+        self._tuner = Tuner(registry, self.pools, signer)
         self._reported: set[tuple[str, ...]] = set()
         self.limits = registry.limits
         self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
@@ -227,14 +246,28 @@ class Engine:
             new, kind = decide(spec, old, bool(enter[row]), event.event_time_ms,
                                exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds),
                                cooldown_floor_s=self.limits.cooldown_floor_s)
+            resolved = False
+            if spec.alert and spec.one_shot:
+                if kind is DecisionKind.FIRED:
+                    new = replace(new, alert_open=True)
+                elif old.alert_open and not enter[row]:
+                    new, resolved = replace(new, alert_open=False), True
             if new != old:
                 if new == _IDLE:
                     states.pop(key, None)
                 else:
                     states[key] = new
+            if kind is None and not resolved:
+                continue
+            seen = view.seen(row, policy.feature_names)
             if kind is not None:
-                self._act(unit, event, old, new, kind, view.seen(row, policy.feature_names),
-                          out)
+                self._act(unit, event, old, new, kind, seen, out)
+            if resolved:
+                values = _values(seen)
+                alert = render_alert(spec.alert or "", spec, event, values)
+                out.decisions.append(_decision(spec, event, DecisionKind.RESOLVED, 0,
+                                               f"alert {alert}; the condition no longer holds",
+                                               features=values))
 
     def _act(
         self, unit: _Unit, event: FeatureEvent, old: PolicyState,
@@ -247,17 +280,14 @@ class Engine:
             f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
             for name, (value, age_s) in seen.items()
         )
+        values = _values(seen)
         if spec.alert:
-            values = {name: value for name, (value, _age_s) in seen.items()}
             detail = f"alert {render_alert(spec.alert, spec, event, values)}; {detail}"
 
         def audit(decision: DecisionKind, stage: int, text: str,
                   actuation: str | None = None) -> None:
-            out.decisions.append(PolicyDecision(
-                event_time_ms=event.event_time_ms, policy_name=spec.name,
-                policy_version=spec.version, identity=event.identity, decision=decision,
-                stage=stage, actuation_id=actuation, detail=text[:2048],
-            ))
+            out.decisions.append(_decision(spec, event, decision, stage, text, actuation,
+                                           values))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
             cooldown_ms = int(cooldown_s(spec, self.limits.cooldown_floor_s) * 1000)
@@ -314,7 +344,7 @@ class Engine:
                  cause: tuple[object, ...], reason: str) -> ActuationCommand:
         """The signed command for ``owner``'s ``action`` on the event's worker; its id
         derives from the owner, the worker and ``cause``."""
-        return sign(ActuationCommand(
+        return self._signer.sign(ActuationCommand(
             actuation_id=actuation_id(owner.name, owner.version, event.identity.job_id,
                                       event.identity.worker_id, *cause),
             event_time_ms=event.event_time_ms,
@@ -324,7 +354,7 @@ class Engine:
             policy_version=owner.version,
             action=action,
             reason=reason[:1024],
-        ), self._signing_key)
+        ))
 
     def _within_budget(self, event: FeatureEvent) -> bool:
         worker = f"{event.identity.job_id}|{event.identity.worker_id}"

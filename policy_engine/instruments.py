@@ -9,10 +9,8 @@ from dsec.infra.observability.metrics import (
     EVENTS_DEAD_LETTERED,
     EVENTS_IN,
     EVENTS_OUT,
-    MELT_DOWN_COUNT,
     POLICY_EVALUATION_LATENCY,
     ProcessMetrics,
-    RecentEvents,
     dead_letter_reason,
     is_breaker_trip,
 )
@@ -34,9 +32,8 @@ class EngineInstruments:
         self.dead_lettered = metrics.counter(EVENTS_DEAD_LETTERED)
         self.actuations = metrics.counter(ACTUATIONS)
         self.evaluation_latency = metrics.histogram(POLICY_EVALUATION_LATENCY)
+        # Trips per hour and pool (dsec_melt_down_count) come from the fleet features.
         self.breaker_trips = metrics.counter(BREAKER_TRIPS)
-        self.recent_trips = RecentEvents(window_s=3600.0)
-        metrics.gauge_function(MELT_DOWN_COUNT, self.recent_trips.count)
 
     def batch_done(self, records: int, out: AgentOutput) -> None:
         """``records``: how many records of the features topic the batch held."""
@@ -54,7 +51,6 @@ class EngineInstruments:
                     if is_breaker_trip(record.policy_name, record.decision))
         if trips:
             self.breaker_trips.inc(trips)
-            self.recent_trips.add(trips)
         self.actuations_out.inc(len(out.commands))
         self.policies_out.inc(len(out.policies))
         self.decisions_out.inc(len(out.decisions))

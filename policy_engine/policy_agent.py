@@ -31,6 +31,7 @@ from dsec.schemas import (
     PolicyDecision,
     PolicySpec,
     PoolSpec,
+    Signer,
     decode,
 )
 from dsec.schemas.policies import policy_key
@@ -88,7 +89,7 @@ class PolicyAgent:
         registry: PolicyRegistry,
         states: MutableMapping[str, PolicyState],
         knobs: MutableMapping[str, KnobEntry],
-        signing_key: bytes,
+        signer: Signer,
         policies_from_offset: int = 0,
         pools: PoolRegistry | None = None,
         pools_from_offset: int = 0,
@@ -100,8 +101,8 @@ class PolicyAgent:
         target's last known features (a dict when not given)."""
         self.topics = topics
         self.registry = registry
-        self.pools = pools if pools is not None else PoolRegistry(signing_key)
-        self.engine = Engine(registry, states, knobs, signing_key, self.pools, known)
+        self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
+        self.engine = Engine(registry, states, knobs, signer, self.pools, known)
         self.policies_from_offset = policies_from_offset
         self.pools_from_offset = pools_from_offset
         self.counters = EngineCounters()

@@ -21,9 +21,9 @@ from dsec.schemas import (
     PoolDeletion,
     PoolSpec,
     SignatureError,
+    Verifier,
     encode,
     topic_names,
-    verify,
 )
 from dsec.schemas.policies import policy_key
 from dsec.schemas.settings import DsecSettings
@@ -88,9 +88,9 @@ def read_log(settings: DsecSettings, topic: str, timeout_s: float = 30.0) -> tup
     return writer.records, high
 
 
-def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | None:
-    """The highest version of ``name`` (fleet or canary) a record signed with ``key``
-    published or deleted; a newer one is what the engine will run."""
+def topic_version(records: list[PolicyRecord], name: str, verifier: Verifier) -> int | None:
+    """The highest version of ``name`` (fleet or canary) a record signed with a trusted
+    key published or deleted; a newer one is what the engine will run."""
     versions = []
     for record in records:
         keyed = (record.key or b"").decode("utf-8", "replace").partition("@")[0]
@@ -98,7 +98,7 @@ def topic_version(records: list[PolicyRecord], name: str, key: bytes) -> int | N
             continue
         try:
             parsed = parse_record(record.value)
-            verify(parsed, key)
+            verifier.verify(parsed)
         except (PolicyRejected, SignatureError):
             continue
         versions.append(parsed.up_to_version if isinstance(parsed, PolicyDeletion)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from dsec.policy_engine.registry import PolicyRejected, audit_name, load_document, validated
-from dsec.schemas import PolicyDecision, PolicySpec, SignatureError, verify
+from dsec.schemas import PolicyDecision, PolicySpec, SignatureError, SignedBy, Verifier
 from dsec.schemas.codec import describe
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.pools import PoolDeletion, PoolSpec
@@ -50,9 +50,16 @@ class Effective:
     problem: str | None = None
 
 
+def _within_pools(signed: SignedBy, pool: str) -> None:
+    """A pool-publisher key confined to some pools signs for those alone."""
+    if signed.pools and pool not in signed.pools:
+        raise SignatureError(f"key {signed.key_id} publishes pools {sorted(signed.pools)} "
+                             f"only, not {pool}")
+
+
 class PoolRegistry:
-    def __init__(self, signing_key: bytes) -> None:
-        self._signing_key = signing_key
+    def __init__(self, verifier: Verifier) -> None:
+        self._verifier = verifier
         self._pools: dict[str, PoolSpec] = {}
         self._deleted_up_to: dict[str, int] = {}
         self._effective: dict[tuple, Effective] = {}
@@ -89,7 +96,7 @@ class PoolRegistry:
         if (pool.name, pool.version, pool.signature) in self._installed:
             return None
         try:
-            verify(pool, self._signing_key)
+            _within_pools(self._verifier.verify(pool), pool.name)
         except SignatureError as exc:
             return _rejected(pool.name, pool.version, f"signature: {exc}")
         deleted = self._deleted_up_to.get(pool.name)
@@ -114,7 +121,7 @@ class PoolRegistry:
     def delete(self, deletion: PoolDeletion) -> PolicyDecision | None:
         name, up_to = deletion.deletes, deletion.up_to_version
         try:
-            verify(deletion, self._signing_key)
+            _within_pools(self._verifier.verify(deletion), name)
         except SignatureError as exc:
             return _rejected(name, up_to, f"deletion signature: {exc}")
         self._deleted_up_to[name] = max(self._deleted_up_to.get(name, 0), up_to)

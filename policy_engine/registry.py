@@ -1,9 +1,11 @@
 """The policies the engine runs: checked, signature-verified, compiled, versioned.
 
-Policies arrive from the built-in pack and from the compacted policies topic. A policy
-that does not parse, is unsigned or tampered with, or whose conditions are out of bounds
-or do not compile is rejected with a reason fit for the audit log, whatever the failure;
-the ones already running carry on. Only a signed deletion record deletes a policy.
+Policies arrive from the built-in pack (part of the installed code, so trusted as it is)
+and from the compacted policies topic. A policy from the topic that does not parse, is
+unsigned, tampered with or signed by a key not trusted to publish it, or whose conditions
+are out of bounds or do not compile is rejected with a reason fit for the audit log,
+whatever the failure; the ones already running carry on. Only a signed deletion record
+deletes a policy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dsec.policy_engine.condition_check import ConditionLimits, check_condition
 from dsec.policy_engine.conditions import ConditionError
 from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.vectorised import VectorCondition
-from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, verify
+from dsec.schemas import PolicyDecision, PolicyDeletion, PolicySpec, SignatureError, Verifier
 from dsec.schemas.codec import describe
 from dsec.schemas.features import FLEET_FEATURES, WORKER_FEATURES
 from dsec.schemas.policies import DecisionKind, policy_key
@@ -152,8 +154,8 @@ class PolicyRegistry:
     """Name → the running version, its canaries by pool, plus every version seen (for
     ``dsec policy list``)."""
 
-    def __init__(self, signing_key: bytes, limits: PolicyLimits | None = None) -> None:
-        self._signing_key = signing_key
+    def __init__(self, verifier: Verifier, limits: PolicyLimits | None = None) -> None:
+        self.verifier = verifier
         self.limits = limits or PolicyLimits()
         self._active: dict[str, CompiledPolicy] = {}
         self._canaries: dict[str, dict[str, CompiledPolicy]] = {}
@@ -220,15 +222,24 @@ class PolicyRegistry:
     def install(self, spec: PolicySpec) -> PolicyDecision | None:
         """Verify and run ``spec``; ``None`` when it is the version already running."""
         try:
-            return self._install(spec)
+            return self._install(spec, verified=False)
         except Exception as exc:  # no policy can stop the registry
             return self._rejected(spec.name, spec.version, f"{type(exc).__name__}: {exc}")
 
-    def _install(self, spec: PolicySpec) -> PolicyDecision | None:
+    def install_trusted(self, spec: PolicySpec) -> PolicyDecision | None:
+        """Run ``spec`` with no signature checked: the built-in pack, which is part of the
+        installed code, trusted as it is."""
         try:
-            verify(spec, self._signing_key)
-        except SignatureError as exc:
-            return self._rejected(spec.name, spec.version, f"signature: {exc}")
+            return self._install(spec, verified=True)
+        except Exception as exc:
+            return self._rejected(spec.name, spec.version, f"{type(exc).__name__}: {exc}")
+
+    def _install(self, spec: PolicySpec, verified: bool) -> PolicyDecision | None:
+        if not verified:
+            try:
+                self.verifier.verify(spec)
+            except SignatureError as exc:
+                return self._rejected(spec.name, spec.version, f"signature: {exc}")
         deleted = self._deleted_up_to.get(spec.name)
         if spec.pool is not None:
             deleted = max(deleted or 0, self._canary_deleted_up_to.get(
@@ -330,7 +341,7 @@ class PolicyRegistry:
         covers; ``None`` when there is nothing it covers to stop."""
         name, up_to = deletion.deletes, deletion.up_to_version
         try:
-            verify(deletion, self._signing_key)
+            self.verifier.verify(deletion)
         except SignatureError as exc:
             return self._rejected(name, up_to, f"deletion signature: {exc}")
         if deletion.pool is not None:

@@ -16,7 +16,7 @@ from dsec.policy_engine.limits import PolicyLimits
 from dsec.policy_engine.policy_log import PolicyRecord
 from dsec.policy_engine.pool_registry import PoolRegistry, parse_pool_record
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected, parse_record
-from dsec.schemas import PolicyDeletion, PolicySpec, PoolSpec
+from dsec.schemas import PolicyDeletion, PolicySpec, PoolSpec, Verifier
 from dsec.schemas.policies import DecisionKind
 
 __all__ = ["HistoryEntry", "RolloutError", "Rollouts", "Running"]
@@ -57,18 +57,19 @@ def _changed(before: dict[str, float], after: dict[str, float]) -> str:
 
 
 class Rollouts:
-    def __init__(self, signing_key: bytes, builtin: Iterable[PolicySpec],
+    def __init__(self, verifier: Verifier, builtin: Iterable[PolicySpec],
                  policy_records: Iterable[PolicyRecord], pool_records: Iterable[PolicyRecord],
                  limits: PolicyLimits | None = None) -> None:
-        """``builtin``: the pack as the engine loads it (signed with ``signing_key``)."""
-        self.registry = PolicyRegistry(signing_key, limits)
-        self.pools = PoolRegistry(signing_key)
+        """``builtin``: the pack as the engine loads it; the topics' records are verified
+        with ``verifier``, as the engine verifies them."""
+        self.registry = PolicyRegistry(verifier, limits)
+        self.pools = PoolRegistry(verifier)
         self.builtin: set[tuple[str, int]] = set()
         self.rejected: dict[str, str] = {}
         self._history: dict[str, list[HistoryEntry]] = {}
         self._pool_versions: dict[str, list[PoolSpec]] = {}
         for spec in builtin:
-            if self._policy(spec, self.registry.install(spec), "built-in"):
+            if self._policy(spec, self.registry.install_trusted(spec), "built-in"):
                 self.builtin.add((spec.name, spec.version))
         for record in policy_records:
             self._policy_record(record)

@@ -1,12 +1,13 @@
 """Wiring the policy engine into a Faust app: the registry built from the built-in pack
-(signed with this installation's key) and the policies topic, the pools from the pools
-topic, then the agents."""
+and the policies topic, the pools from the pools topic (both verified against the trust
+list), then the agents, signing commands with the command-signer key."""
 
 from __future__ import annotations
 
 import contextlib
 
 from dsec.infra.faust_app import App
+from dsec.infra.keys import signer_for, verifier_for
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.topics import ensure_changelog_topics
 from dsec.policy_engine.agent import (
@@ -22,17 +23,17 @@ from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import PolicyDecision, topic_names
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.trust import KeyRole
 
 
 def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyDecision], int]:
     """The registry, what loading it decided (for the audit log), and the policies-topic
     offset the engine's agent takes over from."""
-    key = settings.signing_key_bytes()
-    registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
+    registry = PolicyRegistry(verifier_for(settings), PolicyLimits.from_settings(settings))
     decisions: list[PolicyDecision] = []
-    for policy in load_builtin_policies(key, settings.policy_params,
+    for policy in load_builtin_policies(settings.policy_params,
                                         dry_run=settings.policy_dry_run):
-        record = registry.install(policy)
+        record = registry.install_trusted(policy)
         if record is not None:
             decisions.append(record)
     records, next_offset = read_policy_log(settings)
@@ -45,7 +46,7 @@ def build_registry(settings: DsecSettings) -> tuple[PolicyRegistry, list[PolicyD
 
 def build_pools(settings: DsecSettings) -> tuple[PoolRegistry, list[PolicyDecision], int]:
     """The pools, what loading them decided, and the pools-topic offset to take over from."""
-    pools = PoolRegistry(settings.signing_key_bytes())
+    pools = PoolRegistry(verifier_for(settings))
     decisions: list[PolicyDecision] = []
     records, next_offset = read_pool_log(settings)
     for entry in records:
@@ -62,8 +63,12 @@ def register(
     ensure_changelog_topics(settings, app.conf.id, list(TABLES), app.conf.topic_partitions)
     registry, decisions, next_offset = build_registry(settings)
     pools, pool_decisions, pools_offset = build_pools(settings)
+    # The policy and pool versions meta-policies tune are signed with the publisher keys
+    # the engine is given; without them a tuning is audited as an evaluation error.
+    signer = signer_for(settings, KeyRole.COMMAND_SIGNER,
+                        also=[KeyRole.POLICY_PUBLISHER, KeyRole.POOL_PUBLISHER])
     return register_policy_engine(
-        app, topic_names(settings.topic_prefix), registry, settings.signing_key_bytes(),
+        app, topic_names(settings.topic_prefix), registry, signer,
         options=options, startup_decisions=decisions + pool_decisions,
         policies_from_offset=next_offset, metrics=metrics, pools=pools,
         pools_from_offset=pools_offset,

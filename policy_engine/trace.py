@@ -13,7 +13,8 @@ from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
-from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode, sign
+from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode
+from dsec.schemas.signing import HmacSigner, HmacVerifier
 
 
 @dataclass
@@ -43,19 +44,21 @@ def replay(
     versions take effect at once, as they would once back from the policies and pools
     topics. ``known``: the targets' last known features to start from and to keep (a
     fresh memory when not given)."""
-    key = secrets.token_bytes(32)  # offline: the policies are trusted as given
-    registry = PolicyRegistry(key)
+    # Offline: the policies and pools are trusted as given, signed with a key of the
+    # moment's, and what the engine signs goes nowhere.
+    signer = HmacSigner(secrets.token_bytes(32))
+    registry = PolicyRegistry(HmacVerifier(signer.key))
     for policy in policies:
-        decision = registry.install(sign(policy, key))
+        decision = registry.install(signer.sign(policy))
         if decision is not None and decision.decision == "policy_rejected":
             raise PolicyRejected(f"{policy.name}: {decision.detail}")
-    pool_registry = PoolRegistry(key)
+    pool_registry = PoolRegistry(registry.verifier)
     for pool in pools:
-        decision = pool_registry.install(sign(pool, key))
+        decision = pool_registry.install(signer.sign(pool))
         if decision is not None and decision.decision == "pool_rejected":
             raise PolicyRejected(f"pool {pool.name}: {decision.detail}")
     result = Replay()
-    engine = Engine(registry, result.states, {}, key, pool_registry, known)
+    engine = Engine(registry, result.states, {}, signer, pool_registry, known)
     ordered = sorted(events, key=lambda e: e.event_time_ms)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start:start + batch_size]

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
-from dsec.schemas import FeatureEvent, PolicySpec, sign
+from dsec.schemas import FeatureEvent, PolicySpec, Signer
 from dsec.schemas.policies import DecisionKind, PolicyTune
 from dsec.schemas.pools import PoolSpec
 
@@ -63,10 +63,10 @@ def tuned(spec: PolicySpec, meta: PolicySpec, version: int | None = None) -> Pol
 
 
 class Tuner:
-    def __init__(self, registry: PolicyRegistry, pools: PoolRegistry, signing_key: bytes) -> None:
+    def __init__(self, registry: PolicyRegistry, pools: PoolRegistry, signer: Signer) -> None:
         self.registry = registry
         self.pools = pools
-        self._signing_key = signing_key
+        self._signer = signer
 
     def tune(self, meta: PolicySpec, event: FeatureEvent, kind: DecisionKind, audit: Audit,
              detail: str, out: _Output) -> None:
@@ -101,7 +101,7 @@ class Tuner:
         if kind is DecisionKind.DRY_RUN:
             audit(kind, 0, f"would publish {change}; {detail}")
             return
-        out.policies.append(sign(successor, self._signing_key))
+        out.policies.append(self._signer.sign(successor))
         audit(kind, 0, f"published {change}; {detail}")
 
     def _tune_pool(self, meta: PolicySpec, target: PolicySpec, pool: str, kind: DecisionKind,
@@ -128,7 +128,7 @@ class Tuner:
         if kind is DecisionKind.DRY_RUN:
             audit(kind, 0, f"would publish {change}; {detail}")
             return
-        signed = sign(successor, self._signing_key)
+        signed = self._signer.sign(successor)
         out.pools.append(signed)
         # Known here at once, so that the next tuning builds on it before it is read back.
         accepted = self.pools.install(signed)

@@ -30,7 +30,7 @@ from dsec.schemas.metrics import (
 from dsec.schemas.policies import PolicyAction, PolicyDecision, PolicyDeletion, PolicySpec
 from dsec.schemas.pools import PoolDeletion, PoolSpec
 from dsec.schemas.runtimes import RegisteredRuntime, RuntimeMetricsPost, RuntimeRegistration
-from dsec.schemas.signing import SignatureError, sign, verify
+from dsec.schemas.signing import SignatureError, SignedBy, Signer, Verifier
 from dsec.schemas.topics import TOPICS, TopicSpec, topic_names
 
 __all__ = [
@@ -66,14 +66,15 @@ __all__ = [
     "RuntimeRegistration",
     "RuntimeSample",
     "SignatureError",
+    "SignedBy",
+    "Signer",
     "StepSample",
     "TopicSpec",
+    "Verifier",
     "WorkerIdentity",
     "decode",
     "encode",
     "new_event_id",
     "now_ms",
-    "sign",
     "topic_names",
-    "verify",
 ]

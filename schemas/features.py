@@ -141,6 +141,13 @@ WORKER_FEATURES: dict[str, str] = {
     "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
     "probe_samples_dropped": "samples the probe dropped since it started (count)",
     "last_recovery_time_s": "how long the worker's last resume took (s)",
+    "recoveries_total": "resumes the worker reported since first seen, any source (count)",
+    "snapshot_recoveries_total": "resumes from a snapshot since first seen (count)",
+    "snapshot_recovery_time_s_total": "time the resumes from a snapshot took in all (s)",
+    "step_time_s_total": "time covered by timed steps since first seen: each step sample's "
+                         "mean step time times the steps since the sample before (s)",
+    "grad_syncs_total": "gradient syncs the worker reported since first seen (count)",
+    "grad_syncs_failed_total": "failed gradient syncs since first seen (count)",
 }
 
 # Published per pool and per job (``scope`` "pool" or "job"); the window is the event's.

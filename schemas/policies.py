@@ -253,6 +253,9 @@ class DecisionKind(StrEnum):
     POOL_DELETED = "pool_deleted"
     POOL_REJECTED = "pool_rejected"
     EVALUATION_ERROR = "evaluation_error"
+    # An alerting policy that fires once per cooldown (no stages to undo): its condition
+    # stopped holding for the target, which resolves the alert it raised.
+    RESOLVED = "resolved"
 
 class PolicyDecision(Event):
     policy_name: Identifier
@@ -262,3 +265,8 @@ class PolicyDecision(Event):
     stage: Annotated[int, Field(ge=0, le=8)] | None = None
     actuation_id: Annotated[str, Field(max_length=64)] | None = None
     detail: Annotated[str, Field(max_length=2048)] = ""
+    # The policy's alert as rendered for the target, and the GPU the target's features
+    # came from: what an alert and the GPU-health record name.
+    alert: Annotated[str, Field(max_length=256)] | None = None
+    gpu_uuid: Identifier | None = None
+    gpu_model: Annotated[str, Field(max_length=128)] = ""

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
@@ -47,7 +47,18 @@ class DsecSettings(BaseSettings):
     # How far ahead of this clock a sample's time may be (a worker's clock skew); later
     # samples, and those older than the TTL, are dead-lettered rather than stored.
     event_time_max_future_s: float = Field(default=300.0, gt=0, le=86400)
-    signing_key: SecretStr | None = None
+    # How commands and policies are signed: "ed25519" (a private key per role, verifiers
+    # hold a trust list of public keys) or "hmac-dev" (one shared key, DSEC_SIGNING_KEY or
+    # one made in the data folder; for development only: whoever verifies can also sign).
+    signing_mode: Literal["ed25519", "hmac-dev"] = "ed25519"
+    signing_key: SecretStr | None = None  # the hmac-dev mode's shared key
+    # Private keys, one PEM file a role (<role>.pem), of the roles this process signs as
+    # (default: <data_dir>/keys, where the first process to need one makes a keypair per
+    # role and a trust list of them).
+    keys_dir: Path | None = None
+    # The public keys verifiers accept, JSON or YAML (default: <keys_dir>/trust.json);
+    # re-read whenever the file changes.
+    trust_list: Path | None = None
     # How far ahead of an actuator's clock a signed command may be dated; one dated later
     # is rejected with the reason, not applied.
     command_max_future_s: float = Field(default=COMMAND_MAX_FUTURE_MS / 1000, gt=0, le=3600)
@@ -82,6 +93,25 @@ class DsecSettings(BaseSettings):
     stream_session_timeout_s: float = Field(default=60.0, ge=6.0, le=300.0)
     # The services' log level (DSEC_LOG_LEVEL=INFO shows Faust's rebalances and recoveries).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    # The fleet features' window (trips and interruptions are counted in it: shorten it to
+    # compress the hour) and how often each pool's and job's features are published.
+    fleet_window_s: float = Field(default=3600.0, ge=1.0, le=7 * 86400)
+    fleet_publish_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
+    # Where the alert notifier posts alerts, in Alertmanager's webhook format
+    # (DSEC_ALERT_WEBHOOK_URLS as a JSON list), and how long it waits for each; a refused
+    # post is tried again alert_webhook_attempts times in all, then dead-lettered.
+    alert_webhook_urls: list[str] = Field(default_factory=list)
+    alert_webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    alert_webhook_attempts: int = Field(default=3, ge=1, le=20)
+    # How often each service process publishes its own CPU time and memory (0: never).
+    usage_report_interval_s: float = Field(default=30.0, ge=0, le=3600)
+    # `dsec report cost`: prices per GPU-hour, per CPU core-hour and per GiB-hour of memory
+    # (one currency), and the probe's share of a training step's time as measured by the
+    # probe-overhead benchmark (docs/benchmarks.md).
+    cost_gpu_hour: float = Field(default=2.5, ge=0)
+    cost_cpu_core_hour: float = Field(default=0.04, ge=0)
+    cost_memory_gib_hour: float = Field(default=0.005, ge=0)
+    probe_overhead_ratio: float = Field(default=0.004, ge=0, le=1)
 
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
@@ -90,6 +120,13 @@ class DsecSettings(BaseSettings):
     kafka_ssl_ca_location: str | None = None
     kafka_ssl_certificate_location: str | None = None
     kafka_ssl_key_location: str | None = None
+
+    @model_validator(mode="after")
+    def _one_signing_mode(self) -> DsecSettings:
+        if self.signing_key is not None and self.signing_mode != "hmac-dev":
+            raise ValueError("DSEC_SIGNING_KEY is the shared key of DSEC_SIGNING_MODE=hmac-dev "
+                             "(development only); Ed25519 keys are files in DSEC_KEYS_DIR")
+        return self
 
     def clickhouse_target(self) -> str:
         """The DSN given, or the embedded chDB store in the data folder."""
@@ -118,8 +155,16 @@ class DsecSettings(BaseSettings):
     def snapshot_location(self) -> str:
         return self.snapshot_dir or str(self.data_dir / "snapshots")
 
+    def keys_directory(self) -> Path:
+        return self.keys_dir if self.keys_dir is not None else self.data_dir / "keys"
+
+    def trust_list_path(self) -> Path:
+        return self.trust_list if self.trust_list is not None else (
+            self.keys_directory() / "trust.json")
+
     def signing_key_bytes(self) -> bytes:
-        """The configured key, else this installation's key in the data folder (made once)."""
+        """The hmac-dev mode's shared key: the one configured, else this installation's in
+        the data folder (made once)."""
         if self.signing_key is not None:
             return self.signing_key.get_secret_value().encode()
         key_path = self.data_dir / "signing.key"

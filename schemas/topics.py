@@ -40,6 +40,12 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("actuation_results", "actuation-results.v1", 6, 7 * DAY_MS, key="node_id"),
         TopicSpec("decisions", "policy-decisions.v1", 3, 7 * DAY_MS, key="policy name"),
         TopicSpec("dead_letters", "dead-letters.v1", 1, 7 * DAY_MS, key="source topic"),
+        # The fleet job's input: each worker's contribution, re-keyed by its job and pool
+        # so that one pool's workers meet in one partition.
+        TopicSpec("fleet_inputs", "fleet-inputs.v1", 6, DAY_MS, key="job_id/pool"),
+        TopicSpec("alerts", "alerts.v1", 3, -1, compacted=True, key="alert fingerprint"),
+        TopicSpec("gpu_health", "gpu-health.v1", 3, -1, compacted=True, key="gpu_uuid"),
+        TopicSpec("process_usage", "process-usage.v1", 1, 7 * DAY_MS, key="service/host"),
     )
 }
 
@@ -56,6 +62,10 @@ class TopicNames:
     actuation_results: str
     decisions: str
     dead_letters: str
+    fleet_inputs: str
+    alerts: str
+    gpu_health: str
+    process_usage: str
 
 
 def topic_names(prefix: str = "dsec") -> TopicNames:

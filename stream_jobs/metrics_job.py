@@ -103,10 +103,9 @@ def target_tags(identity: WorkerIdentity, state: WorkerState | None) -> dict[str
     tags = dict(identity.labels or {})
     if identity.pool:
         tags["pool"] = identity.pool
-    if state is not None and state.gpus:
-        latest = max(state.gpus.values(), key=lambda gpu: gpu.last_time_ms)
-        if latest.model:
-            tags["gpu_model"] = latest.model[:128]
+    latest = state.latest_gpu() if state is not None else None
+    if latest is not None and latest[1]:
+        tags["gpu_model"] = latest[1][:128]
     return tags
 
 
@@ -187,7 +186,11 @@ class MetricsJob:
                        event_id: str, tags: dict[str, str] | None = None,
                        state: WorkerState | None = None, gpu_uuid: str | None = None,
                        window: str = "rolling") -> Output:
-        """``state``: the worker's, for the model of its GPU."""
+        """``state``: the worker's, for the model of its GPU. ``gpu_uuid``: the GPU the
+        event is about; by default the GPU the worker sampled last."""
+        latest = state.latest_gpu() if state is not None else None
+        if gpu_uuid is None and latest is not None:
+            gpu_uuid = latest[0]
         event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
                              identity=identity, gpu_uuid=gpu_uuid, window=window,
                              features=values,
@@ -242,18 +245,18 @@ class MetricsBatch:
         for contribution in update.gpus:
             self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)
         for uuid, values in update.gpu_features.items():
+            model = update.state.gpus[uuid].model
             self._per_gpu[(uuid, worker)] = job.feature_output(
                 batch.identity, values,
                 derived_event_id("gpu-features", uuid, worker, record.partition, record.offset),
+                {"gpu_model": model[:128]} if model else None,
                 gpu_uuid=uuid, window=worker_features.GPU_WINDOW)
         if not update.features:
             return None
         # One feature event per input message, with an id derived from it.
         event_id = derived_event_id("features", worker, record.partition, record.offset)
-        gpus = update.state.gpus
         output = job.feature_output(batch.identity, update.features, event_id, update.tags,
-                                    update.state,
-                                    gpu_uuid=next(iter(gpus)) if len(gpus) == 1 else None)
+                                    update.state)
         result.per_record.append(output)
         result.derived.setdefault(worker, []).append(update.features)
         job.counters.features_out += 1

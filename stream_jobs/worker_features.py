@@ -22,6 +22,7 @@ from dsec.stream_jobs.worker_state import (
     EpisodeWindow,
     GpuState,
     Heartbeat,
+    Recoveries,
     RegimeGrowthTotals,
     StepWindow,
     SyncWindow,
@@ -155,16 +156,34 @@ def update(
         out.features.update(gpu_features.worker_gpu_features(gpus, cuda_devices))
     if "heartbeat" in frames:
         heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
+    recoveries = state.recoveries
     if "recovery" in frames:
-        recoveries = frames["recovery"]["recovery_time_s"]
-        out.features["last_recovery_time_s"] = float(recoveries[-1])
+        recoveries = _recoveries(recoveries, frames["recovery"], out)
     # One record made once: a frozen record is costly to copy field by field per message.
     out.state = WorkerState(
         identity=state.identity if identity is None else identity, partition=partition,
         recent_offsets=offsets, recent_batch_ids=batch_ids, episodes=episodes, steps=steps,
         syncs=syncs, gpus=gpus, bandwidth_jitter=jitter, heartbeat=heartbeat,
-        cuda_devices=cuda_devices)
+        cuda_devices=cuda_devices, recoveries=recoveries)
     return out
+
+
+def _recoveries(before: Recoveries, frame: Frame, out: Update) -> Recoveries:
+    """Counts the resumes; those from a snapshot with their time, for the fleet's snapshot
+    recovery time."""
+    times_s = frame["recovery_time_s"]
+    from_snapshot = frame["source"] == "snapshot"
+    after = Recoveries(
+        total=before.total + int(times_s.size),
+        from_snapshot=before.from_snapshot + int(from_snapshot.sum()),
+        from_snapshot_s=before.from_snapshot_s + float(times_s[from_snapshot].sum()),
+    )
+    out.features["last_recovery_time_s"] = float(times_s[-1])
+    out.features["recoveries_total"] = float(after.total)
+    out.features["snapshot_recoveries_total"] = float(after.from_snapshot)
+    out.features["snapshot_recovery_time_s_total"] = after.from_snapshot_s
+    out.tags["recovery_source"] = str(frame["source"][-1])
+    return after
 
 
 def _episodes(window: EpisodeWindow, frame: Frame, config: FeatureConfig,
@@ -209,6 +228,9 @@ def _steps(window: StepWindow, frame: Frame, config: FeatureConfig,
     micro = frame["grad_norm_source"] == MICRO_STEP
     steps_total = window.steps_total + int(frame["step"].size - micro.sum())
     out["steps_total"] = float(steps_total)
+    step_time_s_total, last_step = _step_time(window, frame, ~micro)
+    if step_time_s_total != window.step_time_s_total:
+        out["step_time_s_total"] = step_time_s_total
     norms = frame["grad_norm"]
     has_norm = np.isfinite(norms)
     new = StepWindow(
@@ -219,6 +241,7 @@ def _steps(window: StepWindow, frame: Frame, config: FeatureConfig,
                                    frame["grad_nonfinite"].astype(np.int8), size),
         loss_nonfinite_flags=_tail(window.loss_nonfinite_flags,
                                    frame["loss_nonfinite"].astype(np.int8), size),
+        step_time_s_total=step_time_s_total, last_sampled_step=last_step,
     )
     out["grad_nonfinite_count"] = float(sum(new.grad_nonfinite_flags))
     out["loss_nonfinite_count"] = float(sum(new.loss_nonfinite_flags))
@@ -237,6 +260,21 @@ def _steps(window: StepWindow, frame: Frame, config: FeatureConfig,
     return new
 
 
+def _step_time(window: StepWindow, frame: Frame, sampled: np.ndarray) -> tuple[float, int | None]:
+    """The step time covered so far, and the last sampled step: a step sample's step time
+    is the mean over the steps since the sample before, so it covers that many steps."""
+    steps = frame["step"][sampled].astype(np.int64)
+    if not steps.size:
+        return window.step_time_s_total, window.last_sampled_step
+    before = window.last_sampled_step
+    previous = np.concatenate(([steps[0] if before is None else before], steps[:-1]))
+    covered = np.maximum(steps - previous, 0)
+    times_ms = frame["step_time_ms"][sampled]
+    known = np.isfinite(times_ms)
+    added_s = float(np.sum(times_ms[known] * covered[known])) / 1000.0
+    return window.step_time_s_total + added_s, int(steps[-1])
+
+
 def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
            out: dict[str, float]) -> SyncWindow:
     size = config.sync_window_samples
@@ -245,7 +283,11 @@ def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
         sizes_bytes=_tail(window.sizes_bytes, frame["bytes"], size),
         ok_flags=_tail(window.ok_flags, frame["ok"].astype(np.int8), size),
         times_ms=_tail(window.times_ms, frame["event_time_ms"], size),
+        syncs_total=window.syncs_total + int(frame["ok"].size),
+        syncs_failed_total=window.syncs_failed_total + int((~frame["ok"]).sum()),
     )
+    out["grad_syncs_total"] = float(new.syncs_total)
+    out["grad_syncs_failed_total"] = float(new.syncs_failed_total)
     latency = np.asarray(new.latency_ms, dtype=np.float64)
     p50, p95, p99 = stats.percentiles(latency, (50, 95, 99))
     out["grad_sync_latency_p50_ms"] = p50

@@ -16,8 +16,8 @@ import orjson
 from dsec.schemas import WorkerIdentity
 
 __all__ = [
-    "CardSeen", "CudaDevice", "EpisodeWindow", "GpuState", "Heartbeat", "RegimeGrowthTotals",
-    "StepWindow", "SyncWindow", "WorkerState", "WorkerStateTable",
+    "CardSeen", "CudaDevice", "EpisodeWindow", "GpuState", "Heartbeat", "Recoveries",
+    "RegimeGrowthTotals", "StepWindow", "SyncWindow", "WorkerState", "WorkerStateTable",
 ]
 
 # The layout of the table's bytes; entries without it are the plain dicts of before.
@@ -49,6 +49,10 @@ class StepWindow:
     grad_norms: list[float] = field(default_factory=list)
     grad_nonfinite_flags: list[int] = field(default_factory=list)
     loss_nonfinite_flags: list[int] = field(default_factory=list)
+    # Time covered by step timing since first seen (each step sample's mean step time
+    # times the steps since the sample before), and the last sampled step.
+    step_time_s_total: float = 0.0
+    last_sampled_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,18 @@ class SyncWindow:
     sizes_bytes: list[int] = field(default_factory=list)
     ok_flags: list[int] = field(default_factory=list)
     times_ms: list[int] = field(default_factory=list)
+    syncs_total: int = 0
+    syncs_failed_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recoveries:
+    """The worker's resumes since first seen: all of them, and those from a snapshot with
+    the time they took in all."""
+
+    total: int = 0
+    from_snapshot: int = 0
+    from_snapshot_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +159,14 @@ class WorkerState:
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
     cuda_devices: dict[int, CudaDevice] = field(default_factory=dict)
     cards: dict[str, CardSeen] = field(default_factory=dict)
+    recoveries: Recoveries = field(default_factory=Recoveries)
+
+    def latest_gpu(self) -> tuple[str, str] | None:
+        """(UUID, model) of the GPU sampled last, if any."""
+        if not self.gpus:
+            return None
+        uuid, gpu = max(self.gpus.items(), key=lambda item: item[1].last_time_ms)
+        return uuid, gpu.model
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -160,6 +184,7 @@ class WorkerState:
             "cuda_devices": {str(index): _fields(device)
                              for index, device in self.cuda_devices.items()},
             "cards": {uuid: _fields(card) for uuid, card in self.cards.items()},
+            "recoveries": _fields(self.recoveries),
         }
 
     @classmethod
@@ -181,6 +206,7 @@ class WorkerState:
             cuda_devices={int(index): CudaDevice(**device)
                           for index, device in data.get("cuda_devices", {}).items()},
             cards={uuid: CardSeen(**card) for uuid, card in data.get("cards", {}).items()},
+            recoveries=Recoveries(**data.get("recoveries", {})),
         )
 
     def to_bytes(self) -> bytes:

@@ -66,7 +66,6 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> DsecSettings:
         topic_prefix=f"t{uuid.uuid4().hex[:10]}",
         job_id="test-job",
         data_dir=tmp_path / "dsec",
-        signing_key="test-signing-key",
     )
 
 
@@ -86,13 +85,11 @@ def running_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
         topic_prefix=f"t{uuid.uuid4().hex[:10]}",
         job_id="test-job",
         data_dir=data_dir,
-        signing_key="test-signing-key",
     )
     env = {
         **os.environ,
         "DSEC_DATA_DIR": str(data_dir),
         "DSEC_TOPIC_PREFIX": stack_settings.topic_prefix,
-        "DSEC_SIGNING_KEY": "test-signing-key",
         "DSEC_STREAM_SESSION_TIMEOUT_S": "10",
     }
     log_path = data_dir / "stack.log"

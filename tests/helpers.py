@@ -41,7 +41,6 @@ def start_stack(bootstrap: str, data_dir, topic_prefix: str, services: str | Non
     from dsec.services.stack import read_stack_state
 
     env = {**os.environ, "DSEC_DATA_DIR": str(data_dir), "DSEC_TOPIC_PREFIX": topic_prefix,
-           "DSEC_SIGNING_KEY": "test-signing-key",
            # a SIGKILLed worker's partitions move on after this, not Faust's 60 s
            "DSEC_STREAM_SESSION_TIMEOUT_S": "10", **(env or {})}
     command = [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap]

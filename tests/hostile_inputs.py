@@ -118,7 +118,7 @@ def start_serving_stack(bootstrap: str, data_dir: Path, topic_prefix: str | None
     prefix = topic_prefix or f"t{uuid.uuid4().hex[:10]}"
     port = free_port(consecutive=2)  # the stack, and its sink child on the next port
     settings = DsecSettings(bootstrap=bootstrap, topic_prefix=prefix, job_id="test-job",
-                            data_dir=data_dir, signing_key="test-signing-key")
+                            data_dir=data_dir)
     process = start_stack(bootstrap, data_dir, prefix,
                           env={"DSEC_METRICS_PORT": str(port), **(env or {})})
     urls = wait_for(lambda: (read_stack_state(data_dir) or {}).get("metrics_endpoints"), 60,

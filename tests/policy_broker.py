@@ -14,6 +14,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import wait_for
 
+from dsec.infra.keys import signing_env
 from dsec.schemas import (
     ActuationCommand,
     FeatureEvent,
@@ -32,7 +33,7 @@ def env_for(settings: DsecSettings) -> dict[str, str]:
         "DSEC_BOOTSTRAP": settings.bootstrap,
         "DSEC_TOPIC_PREFIX": settings.topic_prefix,
         "DSEC_DATA_DIR": str(settings.data_dir),
-        "DSEC_SIGNING_KEY": settings.signing_key.get_secret_value(),
+        **signing_env(settings),
     }
 
 

@@ -32,8 +32,7 @@ def run(device: str = "cuda", block_pairs: int = 40, steps_per_block: int = 50,
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     inputs = torch.randn(256, 64, device=device)
     targets = torch.randn(256, 64, device=device)
-    settings = DsecSettings(bootstrap="127.0.0.1:9", topic_prefix="doctor", job_id="doctor",
-                            signing_key="doctor")
+    settings = DsecSettings(bootstrap="127.0.0.1:9", topic_prefix="doctor", job_id="doctor")
     runtime = WorkerRuntime(
         settings, WorkerIdentity(job_id="doctor", worker_id="doctor-0", node_id="doctor"),
         ProbeConfig(), actuate=False, transport=AcknowledgingTransport()).start()

@@ -21,6 +21,7 @@ def actuator_command(
 
     from dsec.actuators import NodeActuator, NodeActuatorConfig
     from dsec.infra.kafka_clients import consumer_config, producer_config
+    from dsec.infra.keys import verifier_for
     from dsec.infra.observability.metrics import ProcessMetrics
     from dsec.infra.observability.server import serve_metrics
     from dsec.infra.stop_signals import StopSignals
@@ -47,7 +48,7 @@ def actuator_command(
             run_dir=settings.run_directory(),
             actuations_topic=topics.actuations,
             results_topic=topics.actuation_results,
-            signing_key=settings.signing_key_bytes(),
+            verifier=verifier_for(settings),
             max_future_ms=settings.command_max_future_ms(),
             dead_letters_topic=topics.dead_letters,
         ),

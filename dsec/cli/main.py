@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
@@ -18,6 +19,7 @@ from dsec.cli.actuator import actuator_command
 from dsec.cli.doctor import doctor_command
 from dsec.cli.experiment import experiment_app
 from dsec.cli.gateway import ingest_gateway
+from dsec.cli.keys import keys_app
 from dsec.cli.policy import policy_app
 from dsec.cli.pool import pool_app
 from dsec.schemas.settings import DsecSettings
@@ -32,6 +34,7 @@ app.command("actuator")(actuator_command)
 app.add_typer(policy_app, name="policy")
 app.add_typer(pool_app, name="pool")
 app.add_typer(experiment_app, name="experiment")
+app.add_typer(keys_app, name="keys")
 app.command("ingest-gateway")(ingest_gateway)
 app.command("doctor")(doctor_command)
 console = Console()
@@ -56,10 +59,12 @@ def up(
     kafka_port: Annotated[int, typer.Option(help="Port of the local broker (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the store and state live.")] = None,
     services: Annotated[
-        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink.")
-    ] = "stream-jobs,policy-engine,sink",
+        str, typer.Option(help="Comma-separated: stream-jobs, policy-engine, sink, "
+                               "alert-notifier.")
+    ] = "stream-jobs,policy-engine,sink,alert-notifier",
 ) -> None:
-    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink) until Ctrl-C."""
+    """Run the local stack (Kafka, stream jobs, policy engine, ClickHouse sink, alert
+    notifier) until Ctrl-C."""
     from dsec.services.stack import StackOptions, run_stack
 
     logging.basicConfig(
@@ -285,13 +290,22 @@ def _since_ms(since: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-@app.command()
+report_app = typer.Typer(invoke_without_command=True,
+                         help="The ready analysis queries, and what training cost.")
+app.add_typer(report_app, name="report")
+
+
+@report_app.callback()
 def report(
+    ctx: typer.Context,
     html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page.")]
     = None,
     data_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
-    """Run the ready analysis queries and show them (and chart them with --html)."""
+    """Run the ready analysis queries and show them (and chart them with --html);
+    `dsec report cost` for the cost of a period."""
+    if ctx.invoked_subcommand is not None:
+        return
     from dsec.history import HistoryError
     from dsec.report import render_html, run_report
 
@@ -310,6 +324,44 @@ def report(
         console.print(table if result.rows else f"[dim]{result.query.title}: no rows[/dim]")
     if html_out is not None:
         html_out.write_text(render_html(results))
+        console.print(f"wrote {html_out}")
+
+
+@report_app.command("cost")
+def report_cost(
+    since: Annotated[str, typer.Option(help="ISO time, or a duration such as 2h or 30m.")]
+    = "24h",
+    html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page "
+                                                  "with charts.")] = None,
+    experiment: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, help="A goodput experiment's result.json: its A/B "
+        "return difference is the experiment's opportunity cost.")] = None,
+    data_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Explicit (GPU-hours per pool), hidden (the control plane, the probes) and
+    opportunity (time degraded, the experiment's A/B difference) cost since SINCE; prices
+    from DSEC_COST_GPU_HOUR, DSEC_COST_CPU_CORE_HOUR, DSEC_COST_MEMORY_GIB_HOUR."""
+    from dsec.cli.cost import cost_tables
+    from dsec.cost import cost_report, render_cost_html
+    from dsec.history import HistoryError
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        result = cost_report(settings, _since_ms(since), experiment=experiment)
+    except (HistoryError, ValueError) as exc:
+        err_console.print(f"[red]cost report failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    tables = cost_tables(result)
+    for title, (head, rows) in tables.items():
+        table = Table(title=title)
+        for column in head:
+            table.add_column(column, justify="left" if column in ("pool", "service", "host",
+                                                                 "mode", "what") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table if rows else f"[dim]{title}: none[/dim]")
+    if html_out is not None:
+        html_out.write_text(render_cost_html(result, tables))
         console.print(f"wrote {html_out}")
 
 
@@ -334,26 +386,95 @@ def kafka_fetch() -> None:
 def kafka_run(
     port: Annotated[int, typer.Option(help="Client port on 127.0.0.1 (0: any free).")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Broker data folder.")] = None,
+    acls: Annotated[bool, typer.Option(
+        help="SASL/SCRAM and the StandardAuthorizer: a user per dsec part with only its "
+             "ACLs (credentials in <data dir>/kafka/users.json).")] = False,
 ) -> None:
     """Run the local KRaft broker with dsec's topics until Ctrl-C (for DSEC_TEST_BOOTSTRAP)."""
     import signal
 
-    from dsec.infra.kafka_local import KAFKA_VERSION, LocalKafka
+    from dsec.infra.kafka_local import KAFKA_VERSION, BrokerAuth, LocalKafka
     from dsec.infra.stop_signals import StopSignals
     from dsec.infra.topics import ensure_topics
 
     settings = _settings(data_dir=data_dir)
-    broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port)
+    broker = LocalKafka(data_dir=settings.data_dir.resolve() / "kafka", port=port,
+                        auth=BrokerAuth() if acls else None)
     stop = StopSignals((signal.SIGTERM,))
     try:
         bootstrap = broker.start()
-        ensure_topics(settings.model_copy(update={"bootstrap": bootstrap}))
+        update: dict[str, object] = {"bootstrap": bootstrap}
+        if broker.auth is not None:
+            update |= {"kafka_security_protocol": "SASL_PLAINTEXT",
+                       "kafka_sasl_mechanism": "SCRAM-SHA-512",
+                       "kafka_sasl_username": broker.auth.admin_user,
+                       "kafka_sasl_password": SecretStr(broker.auth.admin_password)}
+        ensure_topics(settings.model_copy(update=update))
+        if acls:
+            console.print(f"users and passwords: {_make_kafka_users(broker, settings)}")
         console.print(f"Kafka {KAFKA_VERSION} on {bootstrap}; Ctrl-C stops it")
         stop.wait()
     except KeyboardInterrupt:
         pass
     finally:
         broker.stop()
+
+
+class AclFormat(StrEnum):
+    table = "table"
+    strimzi = "strimzi"
+    helm = "helm"
+
+
+@kafka_app.command("acls")
+def kafka_acls(
+    output: Annotated[AclFormat, typer.Option("--format", help="table; strimzi: KafkaUser "
+                                              "objects; helm: the chart's kafka.users.acls")
+                      ] = AclFormat.table,
+    cluster: Annotated[str, typer.Option(help="The Strimzi cluster (--format strimzi).")
+                       ] = "kafka",
+) -> None:
+    """Each dsec part's Kafka user and the ACLs it needs, for DSEC_TOPIC_PREFIX."""
+    import yaml
+
+    from dsec.infra.kafka_acls import dsec_users, helm_acls, strimzi_users
+
+    prefix = _settings().topic_prefix
+    if output is AclFormat.strimzi:
+        print(yaml.safe_dump_all(strimzi_users(prefix, cluster), sort_keys=False), end="")
+        return
+    if output is AclFormat.helm:
+        print(yaml.safe_dump({"acls": helm_acls()}, sort_keys=False), end="")
+        return
+    table = Table()
+    for column in ("user", "resource", "name", "pattern", "operations"):
+        table.add_column(column)
+    for user in dsec_users(prefix).values():
+        for acl in user.acls:
+            table.add_row(user.name, acl.resource, acl.name, acl.pattern,
+                          ",".join(acl.operations))
+    console.print(table)
+
+
+def _make_kafka_users(broker, settings: DsecSettings) -> Path:
+    """dsec's users with their ACLs on ``broker``; their credentials in an owner-only file."""
+    import secrets
+
+    from dsec.infra.kafka_acls import apply_users, dsec_users
+
+    users = dsec_users(settings.topic_prefix)
+    passwords = {user.name: secrets.token_hex(16) for user in users.values()}
+    apply_users(broker.client_config(), users.values(), passwords)
+    path = broker.data_dir / "users.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"bootstrap": broker.bootstrap, "mechanism": "SCRAM-SHA-512",
+                   "admin": broker.client_config()["sasl.username"],
+                   "admin_password": broker.client_config()["sasl.password"],
+                   "users": {user.role: {"username": user.name,
+                                         "password": passwords[user.name]}
+                             for user in users.values()}}, handle, indent=2)
+    return path
 
 
 def main() -> None:

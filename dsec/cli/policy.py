@@ -65,17 +65,18 @@ def publish(
         "--dry-run", help="Audit its decisions, command nothing (with --canary-pool: "
                           "beside the version that acts in the pool).")] = False,
 ) -> None:
-    """Validate FILE, sign it with the configured key and publish it, keyed by its name
-    (by name@POOL for a canary)."""
+    """Validate FILE, sign it with the policy-publisher key and publish it, keyed by its
+    name (by name@POOL for a canary)."""
+    from dsec.infra.keys import signer_for, verifier_for
     from dsec.policy_engine.policy_log import publish_policy, read_policy_log, topic_version
-    from dsec.schemas import sign
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
     spec = _load(file, settings)
     if canary_pool is not None or dry_run:
         spec = _load_as(spec, canary_pool, dry_run)
-    key = settings.signing_key_bytes()
-    running = topic_version(read_policy_log(settings)[0], spec.name, key)
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    running = topic_version(read_policy_log(settings)[0], spec.name, verifier_for(settings))
     if canary_pool is not None:
         from dsec.cli.policy_rollout import rollouts
 
@@ -87,7 +88,7 @@ def publish(
             err_console.print(f"[red]{spec.name} v{running} is on the topic; publish a higher "
                               "version (or --bump)[/red]")
             raise typer.Exit(1)
-    publish_policy(settings, sign(spec, key))
+    publish_policy(settings, signer.sign(spec))
     where = f" as a canary in pool {canary_pool}" if canary_pool else ""
     console.print(f"published {spec.name} v{spec.version}{where}"
                   f"{' in dry run' if spec.dry_run else ''}")
@@ -113,20 +114,23 @@ def _load_as(spec, pool: str | None, dry_run: bool):
 def delete(name: str) -> None:
     """Delete policy NAME (built-in or published): a signed deletion of every version up
     to the latest, keyed by NAME on the compacted policies topic."""
+    from dsec.infra.keys import signer_for, verifier_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.policy_log import delete_policy, read_policy_log, topic_version
-    from dsec.schemas import PolicyDeletion, sign
+    from dsec.schemas import PolicyDeletion
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
-    key = settings.signing_key_bytes()
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER)
     versions = [p.version for p in load_builtin_policies() if p.name == name]
-    published = topic_version(read_policy_log(settings)[0], name, key)
+    published = topic_version(read_policy_log(settings)[0], name, verifier_for(settings))
     if published is not None:
         versions.append(published)
     if not versions:
         err_console.print(f"[red]no policy {name} on the topic or in the built-in pack[/red]")
         raise typer.Exit(1)
-    delete_policy(settings, sign(PolicyDeletion(deletes=name, up_to_version=max(versions)), key))
+    delete_policy(settings, signer.sign(PolicyDeletion(deletes=name,
+                                                       up_to_version=max(versions))))
     console.print(f"deleted {name} up to v{max(versions)}")
 
 
@@ -135,18 +139,18 @@ def list_policies(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The policies the engine would run: the built-in pack and the policies topic."""
+    from dsec.infra.keys import verifier_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.limits import PolicyLimits
     from dsec.policy_engine.policy_log import read_policy_log
     from dsec.policy_engine.registry import PolicyRegistry
 
     settings = DsecSettings()
-    key = settings.signing_key_bytes()
-    registry = PolicyRegistry(key, PolicyLimits.from_settings(settings))
-    builtin = {p.name: p.version for p in load_builtin_policies()}
-    for policy in load_builtin_policies(key, settings.policy_params,
+    registry = PolicyRegistry(verifier_for(settings), PolicyLimits.from_settings(settings))
+    builtin = {(p.name, p.version) for p in load_builtin_policies()}
+    for policy in load_builtin_policies(settings.policy_params,
                                         dry_run=settings.policy_dry_run):
-        registry.install(policy)
+        registry.install_trusted(policy)
     rejected = {}
     for record in read_policy_log(settings)[0]:
         decision = registry.offer(record.key, record.value)
@@ -155,7 +159,7 @@ def list_policies(
     rows = [{
         "name": c.spec.name, "version": c.spec.version,
         "versions": registry.versions(c.spec.name),
-        "source": "built-in" if builtin.get(c.spec.name) == c.spec.version else "topic",
+        "source": "built-in" if (c.spec.name, c.spec.version) in builtin else "topic",
         "priority": c.spec.priority, "dry_run": c.spec.dry_run,
         "vectorised": c.enter.vectorised, "description": c.spec.description,
     } for c in registry.active()]

@@ -25,24 +25,27 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def rollouts(settings: DsecSettings) -> Rollouts:
     """The built-in pack and both topics, read as the engine reads them."""
+    from dsec.infra.keys import verifier_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.limits import PolicyLimits
     from dsec.policy_engine.policy_log import read_policy_log, read_pool_log
     from dsec.policy_engine.rollout import Rollouts
 
-    key = settings.signing_key_bytes()
-    return Rollouts(key, load_builtin_policies(key, settings.policy_params,
-                                               dry_run=settings.policy_dry_run),
+    return Rollouts(verifier_for(settings), load_builtin_policies(
+                        settings.policy_params, dry_run=settings.policy_dry_run),
                     read_policy_log(settings)[0], read_pool_log(settings)[0],
                     PolicyLimits.from_settings(settings))
 
 
 def _publish(settings: DsecSettings, records: list, said: str) -> None:
+    from dsec.infra.keys import signer_for
     from dsec.policy_engine.policy_log import publish_policy_records, publish_pool
-    from dsec.schemas import PoolSpec, sign
+    from dsec.schemas import PoolSpec
+    from dsec.schemas.trust import KeyRole
 
-    key = settings.signing_key_bytes()
-    signed = [sign(record, key) for record in records]
+    # policies with the policy-publisher key, pools with the pool-publisher key
+    signer = signer_for(settings, KeyRole.POLICY_PUBLISHER, also=[KeyRole.POOL_PUBLISHER])
+    signed = [signer.sign(record) for record in records]
     pools = [r for r in signed if isinstance(r, PoolSpec)]
     for pool in pools:
         publish_pool(settings, pool)

@@ -40,13 +40,16 @@ def _load(path: Path, settings: DsecSettings | None = None):
 
 
 def _check_fits(path: Path, pool, settings: DsecSettings) -> None:
+    import secrets
+
     from dsec.policy_engine.pool_registry import PoolRegistry
-    from dsec.schemas import sign
+    from dsec.schemas.signing import HmacSigner, HmacVerifier
 
     view = rollouts(settings)
-    key = settings.signing_key_bytes()
-    trial = PoolRegistry(key)
-    trial.install(sign(pool.model_copy(update={"signature": None}), key))
+    # a trial installation, nothing published: any key of the moment signs it
+    signer = HmacSigner(secrets.token_bytes(32))
+    trial = PoolRegistry(HmacVerifier(signer.key))
+    trial.install(signer.sign(pool.model_copy(update={"signature": None})))
     problems = []
     for name in sorted({*pool.params, *(p for p, _ in _quota_policies(pool))}):
         spec = view.registry.get(name)
@@ -83,11 +86,13 @@ def publish(
 ) -> None:
     """Validate FILE against the running policies, sign it and publish it, keyed by the
     pool's name; it replaces the pool's latest version, tuned values included."""
+    from dsec.infra.keys import signer_for
     from dsec.policy_engine.policy_log import publish_pool
-    from dsec.schemas import sign
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
     pool = _load(file, settings)
+    signer = signer_for(settings, KeyRole.POOL_PUBLISHER)
     view = rollouts(settings)
     latest = view.pools.next_version(pool.name) - 1
     if latest:
@@ -100,9 +105,8 @@ def publish(
     current = view.pools.get(pool.name)
     if current is not None and current.reason:
         console.print(f"replaces pool {pool.name} v{current.version} ({current.reason})")
-    publish_pool(settings, sign(pool.model_copy(update={"reason": pool.reason or
-                                                        "dsec pool publish"}),
-                                settings.signing_key_bytes()))
+    publish_pool(settings, signer.sign(pool.model_copy(update={"reason": pool.reason or
+                                                               "dsec pool publish"})))
     console.print(f"published pool {pool.name} v{pool.version}")
 
 
@@ -135,14 +139,16 @@ def list_pools(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.
 def delete(name: str) -> None:
     """Delete pool NAME: a signed deletion of every version up to the latest; its workers
     run the policies' own parameters again."""
+    from dsec.infra.keys import signer_for
     from dsec.policy_engine.policy_log import publish_pool
-    from dsec.schemas import PoolDeletion, sign
+    from dsec.schemas import PoolDeletion
+    from dsec.schemas.trust import KeyRole
 
     settings = DsecSettings()
+    signer = signer_for(settings, KeyRole.POOL_PUBLISHER)
     latest = rollouts(settings).pools.next_version(name) - 1
     if not latest:
         err_console.print(f"[red]no pool {name} on the topic[/red]")
         raise typer.Exit(1)
-    publish_pool(settings, sign(PoolDeletion(deletes=name, up_to_version=latest),
-                                settings.signing_key_bytes()))
+    publish_pool(settings, signer.sign(PoolDeletion(deletes=name, up_to_version=latest)))
     console.print(f"deleted pool {name} up to v{latest}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dsec.infra.kafka_clients import consumer_config
 from dsec.infra.kafka_local import LocalKafka
+from dsec.infra.keys import signing_env
 from dsec.infra.store.clickhouse import connect
 from dsec.infra.store.sink import wait_until_drained
 from dsec.infra.topics import ensure_topics
@@ -43,14 +44,14 @@ class DemoOptions:
     drain_timeout_s: float = 90.0
 
 
-def _stack_env(settings: DsecSettings, job_id: str, key: bytes) -> dict[str, str]:
+def _stack_env(settings: DsecSettings, job_id: str) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(signing_env(settings))
     env.update({
         "DSEC_BOOTSTRAP": settings.bootstrap,
         "DSEC_DATA_DIR": str(settings.data_dir.resolve()),
         "DSEC_TOPIC_PREFIX": settings.topic_prefix,
         "DSEC_JOB_ID": job_id,
-        "DSEC_SIGNING_KEY": key.decode(),
         "PYTHONUNBUFFERED": "1",
     })
     return env
@@ -110,7 +111,7 @@ def run_demo(settings: DsecSettings, options: DemoOptions) -> dict:
     try:
         settings = settings.model_copy(update={"bootstrap": kafka.start(), "job_id": job_id})
         ensure_topics(settings)
-        env = _stack_env(settings, job_id, settings.signing_key_bytes())
+        env = _stack_env(settings, job_id)
         stack_log = (data_dir / "stack.log").open("wb")
         stack = subprocess.Popen(
             [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap],

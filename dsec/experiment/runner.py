@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -43,7 +43,6 @@ class GoodputOptions:
     seed: int = 0
     bootstrap: str | None = None  # None: a broker of our own
     run_dir: Path | None = None
-    signing_key: str = field(default_factory=lambda: os.urandom(16).hex())
 
 
 @dataclass
@@ -89,15 +88,16 @@ def _assign(process: subprocess.Popen, assignment: Assignment) -> None:
     process.stdin.flush()
 
 
-def _arm_env(bootstrap: str, prefix: str, arm_dir: Path, sockets_dir: Path, key: str,
+def _arm_env(bootstrap: str, prefix: str, arm_dir: Path, sockets_dir: Path,
              job_id: str, dry_run: bool) -> dict[str, str]:
     """An arm's environment: its own topics, data and run folder (the node sockets), its
-    workers taking commands from their node's actuator, as in production."""
+    workers taking commands from their node's actuator, as in production, its processes
+    sharing the arm's keys in its data folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSEC_")}
     env.update({
         "DSEC_BOOTSTRAP": bootstrap, "DSEC_TOPIC_PREFIX": prefix,
         "DSEC_DATA_DIR": str(arm_dir / "dsec-data"), "DSEC_RUN_DIR": str(sockets_dir),
-        "DSEC_SIGNING_KEY": key, "DSEC_JOB_ID": job_id,
+        "DSEC_JOB_ID": job_id,
         "DSEC_ACTUATOR_CHANNEL": "node", "DSEC_POLICY_DRY_RUN": "1" if dry_run else "0",
         "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
     })
@@ -112,15 +112,16 @@ def node_id(group: int) -> str:
 def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None:
     """The periodic snapshot at the experiment's period: a newer version of the built-in,
     published on the policies topic like any custom policy."""
+    from dsec.infra.keys import signer_for
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.policy_log import publish_policy
-    from dsec.schemas import sign
+    from dsec.schemas.trust import KeyRole
 
     builtin = {p.name: p for p in load_builtin_policies()}["periodic-snapshot"]
     spec = builtin.model_copy(update={"version": builtin.version + 1,
                                       "cooldown_s": float(interval_s), "dry_run": dry_run,
                                       "signature": None})
-    publish_policy(settings, sign(spec, settings.signing_key_bytes()))
+    publish_policy(settings, signer_for(settings, KeyRole.POLICY_PUBLISHER).sign(spec))
 
 
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
@@ -160,12 +161,11 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             arm_dir.mkdir(parents=True, exist_ok=True)
             prefix = f"{run_id.replace('goodput-', 'gp')}-{arm}"
             arm_sockets = sockets_root / arm
-            env = _arm_env(bootstrap, prefix, arm_dir, arm_sockets, options.signing_key,
-                           f"{run_id}-{arm}", dry_run=arm == "baseline")
+            env = _arm_env(bootstrap, prefix, arm_dir, arm_sockets, f"{run_id}-{arm}",
+                           dry_run=arm == "baseline")
             envs[arm] = env
             settings = DsecSettings(bootstrap=bootstrap, topic_prefix=prefix,
-                                    data_dir=arm_dir / "dsec-data",
-                                    signing_key=options.signing_key)
+                                    data_dir=arm_dir / "dsec-data")
             settings_by_arm[arm] = settings
             ensure_topics(settings)
             _publish_snapshot_period(settings, scenario.snapshot_interval_s,

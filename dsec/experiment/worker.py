@@ -176,7 +176,8 @@ class ExperimentWorker:
         restored = None
         if self.a.arm == "dsec":
             try:
-                restored = dsec.restore(str(self.snapshot_dir), None, None, restore_rng=False)
+                restored = dsec.restore(str(self.snapshot_dir), None, None, restore_rng=False,
+                                        report=False)
                 snap_updates = int(restored.meta.get("updates", -1))
             except NoSnapshotError:
                 restored = None
@@ -364,6 +365,9 @@ class ExperimentWorker:
         self.rollouts.request()
         self.timeline.write("resume", updates=updates, source=source,
                             restore_s=round(time.time() - started, 4), gen=gen)
+        if gen > 0 or updates > 0:  # a resume, not the first start of the run
+            dsec.report_resume("scratch" if source == "start" else source,
+                               time.time() - started)
         try:
             while time.time() < self.a.end_at:
                 self._update()

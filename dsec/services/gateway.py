@@ -8,6 +8,7 @@ from confluent_kafka import Producer
 
 from dsec.actuators.webhooks import WebhookForwarder
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import verifier_for
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.observability.server import serve_metrics
 from dsec.infra.runtime_registry import RuntimeRegistry
@@ -67,7 +68,7 @@ def build_gateway(
             # a first start forwards what comes from now on, not the topic's history
             consumer_config(settings, group_id=f"dsec-gateway-webhooks-{settings.job_id}",
                             **{"auto.offset.reset": "latest"}),
-            topics.actuations, topics.actuation_results, settings.signing_key_bytes(),
+            topics.actuations, topics.actuation_results, verifier_for(settings),
             publish, config.webhook_timeout_s, metrics=metrics,
             max_future_ms=settings.command_max_future_ms(),
             dead_letters_topic=topics.dead_letters,

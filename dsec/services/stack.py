@@ -30,11 +30,15 @@ from dsec.infra.store.clickhouse import connect, ensure_schema
 from dsec.infra.store.query_server import QueryServer
 from dsec.infra.store.sink import ClickHouseSink
 from dsec.infra.topics import ensure_changelog_topics, ensure_topics
+from dsec.infra.usage_reporter import UsageReporter
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
+from dsec.services.alert_notifier import AlertNotifier
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
 from dsec.stream_jobs.card_agent import CARD_JOB_TABLES, register_card_job
+from dsec.stream_jobs.fleet_agent import FLEET_JOB_TABLES, register_fleet_job
+from dsec.stream_jobs.fleet_features import FleetConfig
 from dsec.stream_jobs.worker_features import FeatureConfig
 
 log = logging.getLogger(__name__)
@@ -75,13 +79,14 @@ def _partition_count(settings: DsecSettings, topic: str) -> int:
     return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
 
 
-SERVICES = ("stream-jobs", "policy-engine", "sink")
+SERVICES = ("stream-jobs", "policy-engine", "sink", "alert-notifier")
+FAUST_SERVICES = frozenset({"stream-jobs", "policy-engine"})
 
 
 def stream_group(settings: DsecSettings, services: frozenset[str]) -> str:
     """The Faust app id (consumer group) of the stream services a process runs: processes
     running the same services share partitions; different sets never share a group."""
-    faust_services = sorted(services - {"sink"})
+    faust_services = sorted(services & FAUST_SERVICES)
     return f"{settings.topic_prefix}-{'.'.join(faust_services)}"
 
 
@@ -165,6 +170,8 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
     sink: ClickHouseSink | None = None
     sink_process: subprocess.Popen[bytes] | None = None
     query_server: QueryServer | None = None
+    notifier: AlertNotifier | None = None
+    usage: UsageReporter | None = None
     state_path: Path | None = None
     stopping = threading.Event()
     metrics = ProcessMetrics()
@@ -183,13 +190,22 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         state: dict = {"pid": os.getpid(), "bootstrap": settings.bootstrap,
                        "topic_prefix": settings.topic_prefix,
                        "services": sorted(options.services)}
-        faust_services = options.services - {"sink"}
+        faust_services = options.services & FAUST_SERVICES
         endpoints = _endpoints(metrics_server, options.services)
+        in_this_process = options.services
+        if "sink" in options.services and faust_services and options.sink_in_own_process:
+            in_this_process = options.services - {"sink"}
+        if settings.usage_report_interval_s > 0:
+            # What this process costs, for `dsec report cost` (the sink child reports its own).
+            usage = UsageReporter(producer_config(settings, "dsec-usage"), topics.process_usage,
+                                  ",".join(sorted(in_this_process)),
+                                  settings.usage_report_interval_s).start()
         if "sink" in options.services and faust_services and options.sink_in_own_process:
             # The sink decodes every sample again and writes them all: on its own process it
             # runs beside the stream jobs instead of sharing their interpreter lock.
             sink_process = _start_sink_process(settings, data_dir, stopping)
-            _record_metrics_endpoints(data_dir, _endpoints(metrics_server, faust_services))
+            _record_metrics_endpoints(data_dir, _endpoints(metrics_server,
+                                                           options.services - {"sink"}))
         elif "sink" in options.services:
             # A sink whose stack was killed gets SIGTERM and may still be closing the store.
             client = connect(settings.clickhouse_target(), wait_for_lock_s=STORE_LOCK_WAIT_S)
@@ -209,7 +225,10 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         if sink_process is None:
             state["metrics_endpoints"] = endpoints
             state_path = _write_state(data_dir, state)
-        if options.services == {"sink"}:
+        if "alert-notifier" in options.services:
+            notifier = AlertNotifier(settings, metrics)
+            notifier.start()
+        if not faust_services:
             set_up.set()
             _wait_for_signal()
             return
@@ -220,15 +239,21 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         services_by_topic: dict[str, str] = {}
         if "stream-jobs" in options.services:
             ensure_changelog_topics(settings, app.conf.id,
-                                    [*METRICS_JOB_TABLES, *CARD_JOB_TABLES],
+                                    [*METRICS_JOB_TABLES, *CARD_JOB_TABLES,
+                                     *FLEET_JOB_TABLES],
                                     app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
                 metrics=metrics, event_times=settings.event_time_window(),
             )
             register_card_job(app, topics)
+            register_fleet_job(
+                app, topics, FleetConfig(window_s=settings.fleet_window_s,
+                                         publish_interval_s=settings.fleet_publish_interval_s),
+                metrics=metrics)
             services_by_topic.update({topics.metrics: "stream-jobs",
-                                      topics.gpu_cards: "stream-jobs"})
+                                      topics.gpu_cards: "stream-jobs",
+                                      topics.fleet_inputs: "stream-jobs"})
         if "policy-engine" in options.services:
             register_policy_engine(app, settings, metrics=metrics)
             services_by_topic.update({topics.features: "policy-engine",
@@ -245,6 +270,10 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             stop_process(sink_process)
         if state_path is not None:
             state_path.unlink(missing_ok=True)
+        if notifier is not None:
+            notifier.stop()
+        if usage is not None:
+            usage.stop()
         if query_server is not None:
             query_server.stop()
         if sink is not None:

@@ -77,22 +77,26 @@ POLICY_EVALUATION_LATENCY = MetricSpec(
     buckets=_PROCESSING_BUCKETS_S)
 MELT_DOWN_COUNT = MetricSpec(
     "dsec_melt_down_count", "gauge",
-    "Circuit-breaker trips in the last hour (policies named *breaker*, meta-policies aside).")
+    "Circuit-breaker trips in the last hour per pool and job (policies named *breaker*, "
+    "meta-policies aside; pool empty: the whole job), from the fleet features.",
+    ("pool", "job"))
 BREAKER_TRIPS = MetricSpec(
     "dsec_breaker_trips_total", "counter",
     "Circuit-breaker trips since the process started.")
 GRADIENT_SYNC_SUCCESS_RATE = MetricSpec(
     "dsec_gradient_sync_success_rate", "gauge",
-    "Successful gradient syncs over all syncs in the window, per worker (ratio 0..1).",
-    ("worker",))
+    "Successful gradient syncs over all syncs of the last hour, per pool and job (ratio "
+    "0..1; pool empty: the whole job), from the fleet features.",
+    ("pool", "job"))
 SNAPSHOT_RECOVERY_TIME = MetricSpec(
     "dsec_snapshot_recovery_time_seconds", "histogram",
     "How long workers took to resume from a snapshot, from their recovery samples.",
     buckets=_RECOVERY_BUCKETS_S)
 SANDBOX_UTILIZATION_RATE = MetricSpec(
     "dsec_sandbox_utilization_rate", "gauge",
-    "Mean device utilisation of the workers this process saw in the last minute "
-    "(ratio 0..1; no sample while none reported).")
+    "Mean device utilisation over the last hour per pool and job (ratio 0..1; pool empty: "
+    "the whole job), from the fleet features; no sample while none reported.",
+    ("pool", "job"))
 ACTUATIONS = MetricSpec(
     "dsec_actuations_total", "counter",
     "Actuation commands by service, action and result (the policy engine: emitted; the "
@@ -108,6 +112,11 @@ REQUESTS_REJECTED = MetricSpec(
     "HTTP requests refused, by service and reason (the ingest gateway: unauthorized, "
     "forbidden, too_large, invalid_json, too_deep, invalid_request, rate_limited, ...).",
     ("service", "reason"))
+ALERT_NOTIFICATIONS = MetricSpec(
+    "dsec_alert_notifications_total", "counter",
+    "Alert notifications posted to webhook receivers, by alert status (firing, resolved) "
+    "and result (delivered, failed: refused after every attempt).",
+    ("status", "result"))
 WORKERS_LOST = MetricSpec(
     "dsec_workers_lost", "gauge",
     "Workers silent for 3 heartbeat intervals, among those whose state this process holds.")
@@ -116,7 +125,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, FEATURE_UPDATE_LATENCY,
     POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, GRADIENT_SYNC_SUCCESS_RATE,
     SNAPSHOT_RECOVERY_TIME, SANDBOX_UTILIZATION_RATE, ACTUATIONS, PROBE_SAMPLES_DROPPED,
-    WORKERS_LOST, REQUESTS_REJECTED,
+    WORKERS_LOST, REQUESTS_REJECTED, ALERT_NOTIFICATIONS,
 )
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOGUE)
 
@@ -124,13 +133,16 @@ METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOGUE)
 SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
     "stream-jobs": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
                     FEATURE_UPDATE_LATENCY, GRADIENT_SYNC_SUCCESS_RATE, SNAPSHOT_RECOVERY_TIME,
-                    SANDBOX_UTILIZATION_RATE, PROBE_SAMPLES_DROPPED, WORKERS_LOST),
+                    SANDBOX_UTILIZATION_RATE, MELT_DOWN_COUNT, PROBE_SAMPLES_DROPPED,
+                    WORKERS_LOST),
     "policy-engine": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
-                      POLICY_EVALUATION_LATENCY, MELT_DOWN_COUNT, BREAKER_TRIPS, ACTUATIONS),
+                      POLICY_EVALUATION_LATENCY, BREAKER_TRIPS, ACTUATIONS),
     "sink": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG),
     "ingest-gateway": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS,
                        REQUESTS_REJECTED),
     "node-actuator": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, ACTUATIONS),
+    "alert-notifier": (EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG,
+                       ALERT_NOTIFICATIONS),
 }
 
 

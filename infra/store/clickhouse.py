@@ -27,6 +27,9 @@ TABLES = (
     "policy_decisions",
     "dead_letters",
     "sink_offsets",
+    "alerts",
+    "gpu_health",
+    "process_usage",
 )
 RAW_TABLES = tuple(raw_table_name(kind) for kind in FIELD_DTYPES)
 _LABEL_FIELDS = ("termination_reason", "gpu_model", "op", "source", "timer", "error",

@@ -14,6 +14,8 @@ from dsec.schemas import (
     GpuProfileEvent,
     PolicyDecision,
 )
+from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
+from dsec.schemas.usage import ProcessUsage
 
 Row = list
 
@@ -24,16 +26,17 @@ def ms_to_datetime(epoch_ms: int) -> datetime:
 
 FEATURE_COLUMNS = [
     "event_time", "event_id", "job_id", "node_id", "worker_id", "gpu_uuid", "window",
-    "feature", "value",
+    "feature", "value", "pool",
 ]
 
 
 def feature_rows(event: FeatureEvent) -> list[Row]:
     identity = event.identity
     when = ms_to_datetime(event.event_time_ms)
+    pool = event.target_pool() or ""
     return [
         [when, event.event_id, identity.job_id, identity.node_id, identity.worker_id,
-         event.gpu_uuid or "", event.window, name, value]
+         event.gpu_uuid or "", event.window, name, value, pool]
         for name, value in sorted(event.features.items())
     ]
 
@@ -75,7 +78,8 @@ def result_rows(result: ActuationResult) -> list[Row]:
 
 DECISION_COLUMNS = [
     "event_time", "event_id", "policy_name", "policy_version", "job_id", "node_id",
-    "worker_id", "decision", "stage", "actuation_id", "detail",
+    "worker_id", "decision", "stage", "actuation_id", "detail", "alert", "gpu_uuid",
+    "gpu_model",
 ]
 
 
@@ -86,6 +90,7 @@ def decision_rows(decision: PolicyDecision) -> list[Row]:
         decision.policy_version, identity.job_id if identity else "",
         identity.node_id if identity else "", identity.worker_id if identity else "",
         decision.decision.value, decision.stage or 0, decision.actuation_id or "", decision.detail,
+        decision.alert or "", decision.gpu_uuid or "", decision.gpu_model,
     ]]
 
 
@@ -117,3 +122,50 @@ def gpu_profile_rows(profile: GpuProfileEvent) -> list[Row]:
          profile.thermal_throttle_events, profile.bandwidth_jitter, profile.samples]
         for regime, growth in sorted(profile.regimes.items())
     ]
+
+
+ALERT_COLUMNS = [
+    "event_time", "event_id", "fingerprint", "status", "alertname", "policy_name",
+    "policy_version", "job_id", "node_id", "worker_id", "pool", "gpu_uuid", "starts_at",
+    "ends_at", "labels", "annotations",
+]
+
+
+def alert_rows(alert: AlertEvent) -> list[Row]:
+    labels = alert.labels
+    ends_at = ms_to_datetime(alert.ends_at_ms) if alert.ends_at_ms is not None else None
+    return [[
+        ms_to_datetime(alert.event_time_ms), alert.event_id, alert.fingerprint,
+        alert.status.value, alert.alertname, alert.policy_name, alert.policy_version,
+        labels.get("job", ""), labels.get("node", ""), labels.get("worker", ""),
+        labels.get("pool", ""), labels.get("gpu_uuid", ""), ms_to_datetime(alert.starts_at_ms),
+        ends_at, orjson.dumps(labels).decode(), orjson.dumps(alert.annotations).decode(),
+    ]]
+
+
+GPU_HEALTH_COLUMNS = [
+    "event_time", "event_id", "gpu_uuid", "gpu_model", "state", "since", "signal", "reason",
+    "policy_name", "job_id", "node_id", "worker_id",
+]
+
+
+def gpu_health_rows(record: GpuHealthEvent) -> list[Row]:
+    identity = record.identity
+    return [[
+        ms_to_datetime(record.event_time_ms), record.event_id, record.gpu_uuid,
+        record.gpu_model, record.state, ms_to_datetime(record.since_ms), record.signal,
+        record.reason, record.policy_name, identity.job_id if identity else "",
+        identity.node_id if identity else "", identity.worker_id if identity else "",
+    ]]
+
+
+USAGE_COLUMNS = [
+    "event_time", "event_id", "service", "host", "pid", "started_at", "cpu_s", "rss_bytes",
+]
+
+
+def usage_rows(usage: ProcessUsage) -> list[Row]:
+    return [[
+        ms_to_datetime(usage.event_time_ms), usage.event_id, usage.service, usage.host,
+        usage.pid, ms_to_datetime(usage.started_at_ms), usage.cpu_s, usage.rss_bytes,
+    ]]

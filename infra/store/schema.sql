@@ -89,6 +89,61 @@ TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 -- stores made before the stage had a column of its own
 ALTER TABLE policy_decisions ADD COLUMN IF NOT EXISTS stage UInt8 AFTER decision;
+-- the alert a decision raised or ended, and the GPU its features came from
+ALTER TABLE policy_decisions ADD COLUMN IF NOT EXISTS alert String DEFAULT '';
+ALTER TABLE policy_decisions ADD COLUMN IF NOT EXISTS gpu_uuid LowCardinality(String) DEFAULT '';
+ALTER TABLE policy_decisions ADD COLUMN IF NOT EXISTS gpu_model LowCardinality(String) DEFAULT '';
+-- the pool of the worker (or of the fleet feature event's scope)
+ALTER TABLE features ADD COLUMN IF NOT EXISTS pool LowCardinality(String) DEFAULT '';
+
+-- Each change of a policy alert (firing, resolved), as the alert notifier announced it.
+CREATE TABLE IF NOT EXISTS alerts
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    fingerprint     String,
+    status          LowCardinality(String),
+    alertname       String,
+    policy_name     LowCardinality(String),
+    policy_version  UInt32,
+    job_id          LowCardinality(String),
+    node_id         LowCardinality(String),
+    worker_id       LowCardinality(String),
+    pool            LowCardinality(String),
+    gpu_uuid        LowCardinality(String),
+    starts_at       DateTime64(3, 'UTC'),
+    ends_at         Nullable(DateTime64(3, 'UTC')),
+    labels          String,
+    annotations     String
+)
+ENGINE = MergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (policy_name, fingerprint, event_time)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
+SETTINGS non_replicated_deduplication_window = 10000;
+
+-- Each change of a GPU's health: degraded since when, why and by which signal, or healthy
+-- again (the latest row per GPU is its state).
+CREATE TABLE IF NOT EXISTS gpu_health
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    gpu_uuid        LowCardinality(String),
+    gpu_model       LowCardinality(String),
+    state           LowCardinality(String),
+    since           DateTime64(3, 'UTC'),
+    signal          LowCardinality(String),
+    reason          String,
+    policy_name     LowCardinality(String),
+    job_id          LowCardinality(String),
+    node_id         LowCardinality(String),
+    worker_id       LowCardinality(String)
+)
+ENGINE = MergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (gpu_uuid, event_time)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
+SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS dead_letters
 (
@@ -180,3 +235,22 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS actuations_hourly_mv TO actuations_hourly
 SELECT toStartOfHour(event_time) AS hour, job_id, policy_name, action, count() AS actuations
 FROM actuations
 GROUP BY hour, job_id, policy_name, action;
+
+-- What the control plane itself costs: each service process's CPU time since it started
+-- and its resident memory, every 30 s (DSEC_USAGE_REPORT_INTERVAL_S).
+CREATE TABLE IF NOT EXISTS process_usage
+(
+    event_time      DateTime64(3, 'UTC'),
+    event_id        String,
+    service         LowCardinality(String),
+    host            LowCardinality(String),
+    pid             UInt32,
+    started_at      DateTime64(3, 'UTC'),
+    cpu_s           Float64,
+    rss_bytes       UInt64
+)
+ENGINE = MergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (service, host, started_at, event_time)
+TTL toDateTime(event_time) + INTERVAL {ttl_days} DAY
+SETTINGS non_replicated_deduplication_window = 10000;

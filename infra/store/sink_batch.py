@@ -21,7 +21,9 @@ from dsec.schemas import (
     GpuProfileEvent,
     PolicyDecision,
 )
+from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
 from dsec.schemas.topics import TopicNames
+from dsec.schemas.usage import ProcessUsage
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"
@@ -62,6 +64,13 @@ def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
         topics.dead_letters: TableRoute(
             "dead_letters", rows.DEAD_LETTER_COLUMNS, DeadLetter, rows.dead_letter_rows,
             _event_id),
+        topics.alerts: TableRoute(
+            "alerts", rows.ALERT_COLUMNS, AlertEvent, rows.alert_rows, _event_id),
+        topics.gpu_health: TableRoute(
+            "gpu_health", rows.GPU_HEALTH_COLUMNS, GpuHealthEvent, rows.gpu_health_rows,
+            _event_id),
+        topics.process_usage: TableRoute(
+            "process_usage", rows.USAGE_COLUMNS, ProcessUsage, rows.usage_rows, _event_id),
     }
 
 

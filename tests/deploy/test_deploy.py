@@ -65,6 +65,11 @@ def docker_compose() -> str:
     return _tool("docker-compose.sh")
 
 
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return _tool("promtool.sh")
+
+
 def _parse_dsec_command(args: list[str]) -> click.Context:
     """Parses a dsec command line as the CLI does (options, types, bounds) without running it."""
     command: click.Command = typer.main.get_command(app)
@@ -153,7 +158,8 @@ def test_compose_file_validates(docker_compose: str) -> None:
                for v in actuator["volumes"])
     assert [c["command"][3:5] for c in (services[s] for s in ("stream-jobs", "policy-engine",
                                                               "sink"))] == [
-        ["--services", "stream-jobs"], ["--services", "policy-engine"], ["--services", "sink"]]
+        ["--services", "stream-jobs"], ["--services", "policy-engine,alert-notifier"],
+        ["--services", "sink"]]
 
 
 def _kafka_image_properties(environment: dict[str, str]) -> dict[str, str]:
@@ -252,6 +258,9 @@ def test_chart_renders_and_every_object_validates(helm: str, values: Path | None
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
             assert obj["kind"] == "ServiceMonitor"  # a CRD: no schema of Kubernetes' own
+            continue
+        if obj["apiVersion"].startswith("kafka.strimzi.io/"):
+            assert obj["kind"] == "KafkaUser"  # Strimzi's CRD, checked below
             continue
         for version in K8S_VERSIONS:
             try:
@@ -374,6 +383,36 @@ def test_chart_on_strimzi_uses_existing_secrets_only(helm: str) -> None:
     actuator_pod = workloads["actuator"]["spec"]["template"]["spec"]
     assert "initContainers" not in actuator_pod
     assert actuator_pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_chart_gives_each_workload_its_own_kafka_user_and_renders_their_acls(
+        helm: str) -> None:
+    from dsec.infra.kafka_acls import strimzi_users
+
+    objects = _render(helm, CHART / "ci" / "kafka-users-values.yaml")
+    users = {"stream-jobs": "dsec-stream-jobs", "policy-engine": "dsec-policy-engine",
+             "sink": "dsec-sink", "ingest-gateway": "dsec-gateway",
+             "actuator": "dsec-node-actuator"}
+    for name, workload in _workloads(objects).items():
+        pod = workload["spec"]["template"]["spec"]
+        dsec_init = [c for c in pod.get("initContainers", []) if c["name"] == "init"]
+        for container, user in [(pod["containers"][0], users[name]),
+                                *((c, "dsec-init") for c in dsec_init)]:
+            names = [item["name"] for item in container["env"]]
+            assert len(names) == len(set(names)), names
+            env = _env(container)
+            assert env["DSEC_KAFKA_SASL_USERNAME"]["value"] == user
+            assert env["DSEC_KAFKA_SASL_MECHANISM"]["value"] == "SCRAM-SHA-512"
+            assert env["DSEC_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+                "name": user, "key": "password"}
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    rendered = {o["metadata"]["name"]: o for o in objects if o["kind"] == "KafkaUser"}
+    expected = {u["metadata"]["name"]: u for u in strimzi_users("rl", "training-kafka")}
+    assert set(rendered) == set(expected)
+    for name, user in rendered.items():
+        assert user["metadata"]["namespace"] == "kafka"
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == "training-kafka"
+        assert user["spec"] == expected[name]["spec"]
 
 
 def test_chart_keeps_a_generated_signing_key_out_of_the_values(helm: str) -> None:
@@ -505,6 +544,21 @@ def test_history_dashboard_queries_run_on_the_store(tmp_path: Path) -> None:
         client.close()
     empty = [title for title, count in rows_by_panel.items() if not count]
     assert not empty, f"panels with no rows over the seeded history: {empty}"
+
+
+def test_prometheus_rules_pass_promtool_and_fire_on_their_tests(promtool: str) -> None:
+    rules = INFRA / "prometheus" / "rules.yml"
+    checked = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 5 rules found" in checked.stdout
+    tested = subprocess.run([promtool, "test", "rules", "rules_test.yml"],
+                            cwd=rules.parent, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    used = set(re.findall(r"\bdsec_[a-z_]+", rules.read_text()))
+    assert {re.sub(r"_(bucket|sum|count)$", "", name) if name not in METRIC_CATALOGUE
+            else name for name in used} <= METRIC_CATALOGUE
 
 
 def test_grafana_provisioning_points_at_the_compose_services() -> None:

@@ -15,25 +15,28 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 from helpers import wait_for
+from keys import FORGER
 from starlette.testclient import TestClient
 from webhook_server import RecordingWebhook
 
 from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerChannel
 from dsec.actuators.pipeline import DUPLICATE_DETAIL
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import signer_for, verifier_for
 from dsec.infra.topics import ensure_topics
 from dsec.ingest.gateway_config import GatewayConfig
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import GradCompressionParams, SnapshotParams
+from dsec.schemas.trust import KeyRole
 from dsec.services.gateway import build_gateway
 
 pytestmark = pytest.mark.integration
@@ -43,26 +46,26 @@ TTL_MS = 10_000
 TOKEN = "flood-token"
 
 
-def _command(target: WorkerIdentity, key: bytes, actuation_id: str | None = None,
+def _command(target: WorkerIdentity, signer: Signer, actuation_id: str | None = None,
              ttl_ms: int = TTL_MS, action=None) -> ActuationCommand:
     at = now_ms()
-    return sign(ActuationCommand(
+    return signer.sign(ActuationCommand(
         actuation_id=actuation_id or uuid.uuid4().hex, event_time_ms=at,
         expires_at_ms=at + ttl_ms, target=target, policy_name="flood-test", policy_version=1,
-        action=action or SnapshotParams()), key)
+        action=action or SnapshotParams()))
 
 
 def _flood(producer: Producer, topic: str, target: WorkerIdentity, real_id: str) -> None:
-    """Forgeries (a wrong key) for ``target`` on its node's key, a tenth of them carrying
+    """Forgeries (a key not trusted) for ``target`` on its node's key, a tenth of them carrying
     ``real_id``, and as many again keyed to other nodes."""
     for n in range(FORGED):
         if n % 2:
-            forged = _command(target, b"not-the-key", real_id if n % 10 == 1 else None)
+            forged = _command(target, FORGER, real_id if n % 10 == 1 else None)
             producer.produce(topic, key=target.node_id.encode(), value=encode(forged))
         else:
             other = target.model_copy(update={"node_id": f"elsewhere-{n % 5}"})
             producer.produce(topic, key=other.node_id.encode(),
-                             value=encode(_command(other, b"not-the-key")))
+                             value=encode(_command(other, FORGER)))
     assert producer.flush(30) == 0
 
 
@@ -108,7 +111,7 @@ def test_a_genuine_webhook_command_outlasts_a_flood_of_forgeries(settings, webho
     service = build_gateway(settings, GatewayConfig(
         token=TOKEN, webhook_allowed_networks=("127.0.0.0/8",))).start()
     producer = Producer(producer_config(settings, client_id="test-flood"))
-    key = settings.signing_key_bytes()
+    key = signer_for(settings, KeyRole.COMMAND_SIGNER)
     results = Results(settings)
     runtime = WorkerIdentity(job_id=settings.job_id, worker_id="agent-flood",
                              node_id="agent-host-9")
@@ -178,7 +181,7 @@ def test_a_genuine_node_command_outlasts_a_flood_of_forgeries(settings) -> None:
         NodeActuatorConfig(node_id="node-flood", run_dir=run_dir,
                            actuations_topic=topics.actuations,
                            results_topic=topics.actuation_results,
-                           signing_key=settings.signing_key_bytes(),
+                           verifier=verifier_for(settings),
                            dead_letters_topic=topics.dead_letters),
         consumer_config(settings, group_id=f"{settings.topic_prefix}-node-flood"), publish,
     ).start()
@@ -193,7 +196,7 @@ def test_a_genuine_node_command_outlasts_a_flood_of_forgeries(settings) -> None:
     try:
         assert daemon.wait_ready(30)
         wait_for(lambda: worker.registered, 30, what="the worker registered")
-        genuine = _command(worker_identity, settings.signing_key_bytes(),
+        genuine = _command(worker_identity, signer_for(settings, KeyRole.COMMAND_SIGNER),
                            action=GradCompressionParams(bits=8))
         _flood(producer, topics.actuations, worker_identity, genuine.actuation_id)
         producer.produce(topics.actuations, key=b"node-flood", value=encode(genuine))

@@ -44,7 +44,7 @@ def plant(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     build_library_and_program()
     data_dir = tmp_path_factory.mktemp("endpoint")
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            job_id="test-job", data_dir=data_dir, signing_key="test-signing-key")
+                            job_id="test-job", data_dir=data_dir)
     stack = start_stack(kafka_bootstrap, data_dir, settings.topic_prefix, services="sink")
     config = GatewayConfig(token=TOKEN)
     service = build_gateway(settings, config, webhooks=False)

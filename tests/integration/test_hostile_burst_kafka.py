@@ -35,6 +35,7 @@ from hostile_inputs import (
     rows,
     start_serving_stack,
 )
+from keys import FORGER
 
 from dsec.bench.fuzz_inputs import (
     command_documents,
@@ -46,16 +47,18 @@ from dsec.bench.fuzz_inputs import (
     wire,
 )
 from dsec.infra.kafka_local import free_port
+from dsec.infra.keys import signer_for, signing_env
 from dsec.schemas import (
     ActuationCommand,
     PolicySpec,
+    Signer,
     WorkerIdentity,
     encode,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import SnapshotParams
+from dsec.schemas.trust import KeyRole
 from dsec.services.stack import stop_process
 
 pytestmark = pytest.mark.integration
@@ -94,13 +97,13 @@ def _hostile_metrics() -> list[tuple[bytes, bytes | None]]:
     return [(b"hostile", value) for value in [*named, *fuzzed]]
 
 
-def _hostile_policies(key: bytes) -> list[tuple[bytes, bytes | None]]:
+def _hostile_policies(key: Signer) -> list[tuple[bytes, bytes | None]]:
     def policy(name: str, **changes: object) -> tuple[bytes, bytes]:
         spec = PolicySpec.model_validate({
             "name": name, "condition": "gpu_temperature_c > 90.0", "cooldown_s": 0,
             "selector": {"job_ids": ["hostile-job"]},
             "action": {"params": {"kind": "snapshot"}}, **changes})
-        return name.encode(), encode(sign(spec, key))
+        return name.encode(), encode(key.sign(spec))
 
     return [policy("hostile-deep", condition="(" * 150 + "reward_mean > 1.0" + ")" * 150),
             policy("hostile-unknown", condition="not_a_feature > 1.0"),
@@ -110,17 +113,17 @@ def _hostile_policies(key: bytes) -> list[tuple[bytes, bytes | None]]:
             *[(b"hostile-fuzz", value) for value in drawn(policies(), 40)]]
 
 
-def _hostile_commands(key: bytes) -> list[tuple[bytes, bytes]]:
+def _hostile_commands(key: Signer) -> list[tuple[bytes, bytes]]:
     at = now_ms()
     target = WorkerIdentity(job_id="hostile-job", worker_id="hostile-w", node_id=NODE)
-    genuine = sign(ActuationCommand(actuation_id=uuid.uuid4().hex, event_time_ms=at,
+    genuine = key.sign(ActuationCommand(actuation_id=uuid.uuid4().hex, event_time_ms=at,
                                     expires_at_ms=at + 60_000, target=target,
                                     policy_name="hostile", policy_version=1,
-                                    action=SnapshotParams()), key)
-    ahead = sign(genuine.model_copy(update={
+                                    action=SnapshotParams()))
+    ahead = key.sign(genuine.model_copy(update={
         "actuation_id": uuid.uuid4().hex, "event_time_ms": at + 365 * DAY_MS,
-        "expires_at_ms": at + 365 * DAY_MS + 60_000, "signature": None}), key)
-    forged = [sign(genuine.model_copy(update={"signature": None}), b"not-the-key")] * 20
+        "expires_at_ms": at + 365 * DAY_MS + 60_000, "signature": None}))
+    forged = [FORGER.sign(genuine.model_copy(update={"signature": None}))] * 20
     fuzzed = drawn(wire(command_documents()), 80)
     return [(NODE.encode(), value) for value in
             [*map(encode, [*forged, genuine, ahead]), *fuzzed]]
@@ -168,12 +171,12 @@ def test_every_service_survives_a_burst_of_hostile_inputs(kafka_bootstrap, tmp_p
     stack = start_serving_stack(kafka_bootstrap, tmp_path / "stack")
     settings = stack.settings
     topics = topic_names(settings.topic_prefix)
-    key = settings.signing_key_bytes()
+    key = signer_for(settings, KeyRole.COMMAND_SIGNER, also=[KeyRole.POLICY_PUBLISHER])
     cert, cert_key = _self_signed(tmp_path)
     run_dir = Path(tempfile.mkdtemp(prefix="dsec-burst-"))  # socket paths are short
     gateway_port, gateway_metrics, node_port = free_port(), free_port(), free_port()
     env = {**os.environ, "DSEC_BOOTSTRAP": kafka_bootstrap,
-           "DSEC_TOPIC_PREFIX": settings.topic_prefix, "DSEC_SIGNING_KEY": "test-signing-key",
+           "DSEC_TOPIC_PREFIX": settings.topic_prefix, **signing_env(settings),
            "DSEC_DATA_DIR": str(tmp_path / "side"), "DSEC_RUN_DIR": str(run_dir),
            "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_JOB_ID": "test-job",
            "DSEC_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}

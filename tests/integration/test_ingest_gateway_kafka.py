@@ -14,6 +14,7 @@ from confluent_kafka import Consumer
 from gateway_server import RecordingPublisher
 from starlette.testclient import TestClient
 
+from dsec.infra.keys import signer_for
 from dsec.infra.runtime_registry import RuntimeRegistry
 from dsec.ingest.gateway import IngestGateway
 from dsec.ingest.gateway_config import GatewayConfig
@@ -22,14 +23,15 @@ from dsec.schemas import (
     ActuationResult,
     ActuationStatus,
     MetricBatch,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import SnapshotParams
+from dsec.schemas.trust import KeyRole
 from dsec.services.gateway import build_gateway
 
 TOKEN = "s3cret-token"
@@ -65,13 +67,13 @@ def gateway(tmp_path) -> tuple[TestClient, RecordingPublisher, RuntimeRegistry]:
 
 
 
-def _command(worker_id: str, key: bytes, job_id: str = "job-a") -> ActuationCommand:
+def _command(worker_id: str, signer: Signer, job_id: str = "job-a") -> ActuationCommand:
     now = now_ms()
-    return sign(ActuationCommand(
+    return signer.sign(ActuationCommand(
         actuation_id=uuid.uuid4().hex, event_time_ms=now, expires_at_ms=now + 60_000,
         target=WorkerIdentity(job_id=job_id, worker_id=worker_id, node_id="agent-host-1"),
         policy_name="reward-variance-jump", policy_version=1, action=SnapshotParams(),
-    ), key)
+    ))
 
 
 
@@ -116,7 +118,7 @@ def test_ingest_gateway_command_serves_and_refuses_a_bad_token(settings, tmp_pat
 
     port = free_port()
     env = {**os.environ, "DSEC_GATEWAY_TOKEN": TOKEN, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
-           "DSEC_DATA_DIR": str(tmp_path / "dsec"), "DSEC_SIGNING_KEY": "k",
+           "DSEC_DATA_DIR": str(tmp_path / "dsec"),
            "DSEC_GATEWAY_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.0/8"]'}
     server = subprocess.Popen(
         [sys.executable, "-m", "dsec.cli", "ingest-gateway", "--port", str(port),
@@ -155,7 +157,7 @@ def test_actuation_for_a_registered_runtime_reaches_its_webhook(settings) -> Non
     service = build_gateway(settings, GatewayConfig(token=TOKEN, **LOOPBACK)).start()
     topics = topic_names(settings.topic_prefix)
     producer = Producer({"bootstrap.servers": settings.bootstrap})
-    key = settings.signing_key_bytes()
+    key = signer_for(settings, KeyRole.COMMAND_SIGNER)
     try:
         client = TestClient(service.gateway.app())
         assert client.post("/v1/runtimes", json=registration, headers=AUTH).status_code == 201

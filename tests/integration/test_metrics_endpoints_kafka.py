@@ -3,6 +3,7 @@ scraped on the real broker after traffic (stack, sink child, node actuator, gate
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from feature_values import HEALTHY
 from helpers import start_stack, stop_stack, wait_for
 from policy_broker import trace
 from prometheus_client.parser import text_string_to_metric_families
+from webhook_server import RecordingWebhook
 
 from dsec.actuators.channel import Answer, Apply, Register, encode_frame, read_frame, socket_path
 from dsec.bench.traces import TraceIdentity, slow_grad_sync
@@ -133,10 +135,13 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
     node_port, gateway_port, gateway_metrics_port = free_port(), free_port(), free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="dsec-run-"))  # socket paths are short
     env = {**os.environ, "DSEC_BOOTSTRAP": kafka_bootstrap, "DSEC_TOPIC_PREFIX": prefix,
-           "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(tmp_path / "side"),
+           "DSEC_KEYS_DIR": str(tmp_path / "keys"), "DSEC_DATA_DIR": str(tmp_path / "side"),
            "DSEC_RUN_DIR": str(run_dir), "DSEC_GATEWAY_TOKEN": TOKEN}
+    receiver = RecordingWebhook(answer=b"")  # where the lost workers' alerts go
     stack = start_stack(kafka_bootstrap, tmp_path / "stack", prefix,
-                        env={"DSEC_METRICS_PORT": str(stack_port)})
+                        env={"DSEC_METRICS_PORT": str(stack_port),
+                             "DSEC_ALERT_WEBHOOK_URLS": json.dumps([receiver.url]),
+                             "DSEC_KEYS_DIR": str(tmp_path / "keys")})
     node = _spawn(["actuator", "--node", "node-brk"],
                   {**env, "DSEC_METRICS_PORT": str(node_port)}, tmp_path / "node.log")
     gateway = _spawn(["ingest-gateway", "--port", str(gateway_port)],
@@ -148,7 +153,8 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         sink_url = f"http://127.0.0.1:{stack_port + 1}"
         # The sink child writes the state file; the stack adds its endpoints right after.
         wait_for(lambda: read_stack_state(tmp_path / "stack")["metrics_endpoints"] == {
-            "stream-jobs": stack_url, "policy-engine": stack_url, "sink": sink_url}, 30,
+            "stream-jobs": stack_url, "policy-engine": stack_url, "sink": sink_url,
+            "alert-notifier": stack_url}, 30,
             what="the endpoints in the state file")
         node_url = f"http://127.0.0.1:{node_port}"
         gateway_url = f"http://127.0.0.1:{gateway_port}"
@@ -201,6 +207,13 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
                 and (value(samples, "dsec_breaker_trips_total") or 0) >= 1
                 and (value(samples, "dsec_workers_lost") or 0) >= 3  # heartbeats stopped
                 and exposed(samples, "dsec_consumer_lag_messages")
+                # the fleet job's tick after the breaker's trip and the workers' syncs
+                and (value(samples, "dsec_melt_down_count", pool="", job="job") or 0) >= 1
+                and value(samples, "dsec_gradient_sync_success_rate", pool="",
+                          job="synthetic") is not None
+                # the alert notifier announced the lost workers (Agent_<id>_lost)
+                and (value(samples, "dsec_alert_notifications_total", status="firing",
+                           result="delivered") or 0) >= 3
             )
             return samples if done else None
 
@@ -212,24 +225,23 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         assert value(samples, "dsec_events_out_total", service="stream-jobs",
                      topic=topics.features) >= len(batches)
         assert value(samples, "dsec_feature_update_latency_seconds_count") >= 1
+        # Per pool and job, from the fleet features (these workers have no pool: their job).
+        assert value(samples, "dsec_gradient_sync_success_rate", pool="",
+                     job="synthetic") == pytest.approx(0.8)
         for w in workers:
-            assert value(samples, "dsec_gradient_sync_success_rate",
-                         worker=w.worker_id) == pytest.approx(0.8)
             assert value(samples, "dsec_probe_samples_dropped_total",
                          worker=w.worker_id) == 5 * 7
         assert value(samples, "dsec_snapshot_recovery_time_seconds_count") == 3
         assert value(samples, "dsec_snapshot_recovery_time_seconds_sum") == pytest.approx(7.5)
         assert value(samples, "dsec_snapshot_recovery_time_seconds_bucket", le="4.0") == 3
-        # Absent once the workers have been silent for a minute.
-        utilisation = value(samples, "dsec_sandbox_utilization_rate")
-        assert utilisation is None or utilisation == pytest.approx(0.9)
+        assert value(samples, "dsec_sandbox_utilization_rate", pool="",
+                     job="synthetic") == pytest.approx(0.9)
         assert value(samples, "dsec_events_in_total", service="policy-engine",
                      topic=topics.features) >= 6
         assert value(samples, "dsec_actuations_total", service="policy-engine",
                      action="grad_compression", result="emitted") >= 1
         assert value(samples, "dsec_events_out_total", service="policy-engine",
                      topic=topics.actuations) >= 1
-        assert value(samples, "dsec_melt_down_count") >= 1
         assert value(samples, "dsec_policy_evaluation_latency_seconds_count") >= 1
         lags = {dict(labels)["topic"]: v for name, labels in samples
                 if name == "dsec_consumer_lag_messages"
@@ -294,3 +306,4 @@ def test_every_service_serves_its_metrics_after_traffic(kafka_bootstrap, tmp_pat
         for process in (node, gateway):
             _stop(process)
         stop_stack(stack)
+        receiver.close()

@@ -19,22 +19,24 @@ import torch
 import torch.distributed as dist
 from confluent_kafka import Consumer, Producer
 from helpers import wait_for
+from keys import FORGER
 from torch.nn.parallel import DistributedDataParallel
 
 import dsec
 from dsec.actuators import NodeActuator, NodeActuatorConfig
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import signer_for, signing_env, verifier_for
 from dsec.infra.topics import ensure_topics
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
     ActuationStatus,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     new_event_id,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import (
@@ -47,6 +49,7 @@ from dsec.schemas.actuations import (
     SnapshotParams,
     SyncPriorityParams,
 )
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +67,7 @@ class Node:
             NodeActuatorConfig(node_id=NODE, run_dir=settings.run_directory(),
                                actuations_topic=self.topics.actuations,
                                results_topic=self.topics.actuation_results,
-                               signing_key=settings.signing_key_bytes()),
+                               verifier=verifier_for(settings)),
             consumer_config(settings, group_id=f"dsec-node-{NODE}"),
             self._publish,
         )
@@ -77,7 +80,7 @@ class Node:
         self.producer.produce(topic, key=key, value=value)
         self.producer.flush(10)
 
-    def command(self, worker_id: str, action, *, sign_with: bytes | None = None,
+    def command(self, worker_id: str, action, *, sign_with: Signer | None = None,
                 event_time_ms: int | None = None, ttl_ms: int = 60_000,
                 actuation_id: str | None = None, node_id: str = NODE) -> ActuationCommand:
         at = event_time_ms if event_time_ms is not None else now_ms()
@@ -88,7 +91,8 @@ class Node:
                                   node_id=node_id),
             policy_name="test", policy_version=1, action=action,
         )
-        return sign(command, sign_with or self.settings.signing_key_bytes())
+        signer = sign_with or signer_for(self.settings, KeyRole.COMMAND_SIGNER)
+        return signer.sign(command)
 
     def send(self, command: ActuationCommand | bytes, node_id: str = NODE) -> None:
         value = command if isinstance(command, bytes) else encode(command)
@@ -406,8 +410,7 @@ def _start_script(node, script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "DSEC_BOOTSTRAP": node.settings.bootstrap,
            "DSEC_TOPIC_PREFIX": node.settings.topic_prefix, "DSEC_JOB_ID": node.settings.job_id,
            "DSEC_RUN_DIR": str(node.settings.run_directory()), "DSEC_ACTUATOR_CHANNEL": "node",
-           "DSEC_SIGNING_KEY": "test-signing-key",
-           "DSEC_DATA_DIR": str(node.settings.data_dir)}
+           **signing_env(node.settings), "DSEC_DATA_DIR": str(node.settings.data_dir)}
     path = Path(__file__).parents[1] / script
     return subprocess.Popen([sys.executable, str(path), *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -536,7 +539,7 @@ def test_bad_commands_are_rejected_and_reported(node) -> None:
         unsigned = node.command("w-bad", SamplerParams(paused=True)).model_copy(
             update={"signature": None})
         node.send(unsigned)
-        forged = node.command("w-bad", SamplerParams(paused=True), sign_with=b"not-the-key")
+        forged = node.command("w-bad", SamplerParams(paused=True), sign_with=FORGER)
         node.send(forged)
         out_of_bounds = orjson.loads(encode(node.command("w-bad", SyncPriorityParams(level=1))))
         out_of_bounds["action"] = {"kind": "memory_cap", "limit_bytes": 1}
@@ -584,7 +587,7 @@ def test_dsec_actuator_command_serves_the_socket_until_signalled(settings) -> No
     run_dir = Path(tempfile.mkdtemp(prefix="dsec-cli-"))
     ensure_topics(settings, partitions=2)
     env = {**os.environ, "DSEC_TOPIC_PREFIX": settings.topic_prefix,
-           "DSEC_SIGNING_KEY": "test-signing-key", "DSEC_DATA_DIR": str(settings.data_dir)}
+           "DSEC_DATA_DIR": str(settings.data_dir)}
     process = subprocess.Popen(
         [sys.executable, "-m", "dsec.cli", "actuator", "--node", "node-cli",
          "--bootstrap", settings.bootstrap, "--run-dir", str(run_dir)],

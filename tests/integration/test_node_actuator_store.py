@@ -14,16 +14,17 @@ from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerC
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.history import query
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import signer_for, verifier_for
 from dsec.schemas import (
     ActuationCommand,
     WorkerIdentity,
     encode,
     new_event_id,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import GradCompressionParams, PrecisionParams, SamplerParams
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def test_applied_unsupported_and_rejected_results_are_stored(running_stack) -> N
         NodeActuatorConfig(node_id="node-s", run_dir=run_dir,
                            actuations_topic=topics.actuations,
                            results_topic=topics.actuation_results,
-                           signing_key=settings.signing_key_bytes()),
+                           verifier=verifier_for(settings)),
         consumer_config(settings, group_id="dsec-node-node-s"), publish,
     ).start()
     identity = WorkerIdentity(job_id=settings.job_id, worker_id="w-store", node_id="node-s")
@@ -60,10 +61,9 @@ def test_applied_unsupported_and_rejected_results_are_stored(running_stack) -> N
         at = now_ms()
 
         def command(action) -> ActuationCommand:
-            return sign(ActuationCommand(
+            return signer_for(settings, KeyRole.COMMAND_SIGNER).sign(ActuationCommand(
                 actuation_id=new_event_id(), event_time_ms=at, expires_at_ms=at + 60_000,
-                target=identity, policy_name="test", policy_version=1, action=action),
-                settings.signing_key_bytes())
+                target=identity, policy_name="test", policy_version=1, action=action))
 
         applied = command(PrecisionParams(dtype="bf16"))
         unsupported = command(GradCompressionParams(bits=4))  # no comm hook in this worker

@@ -14,21 +14,24 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 from helpers import wait_for
+from keys import FORGER
 
 from dsec.actuators import ApplyHooks, NodeActuator, NodeActuatorConfig, WorkerChannel
 from dsec.infra.kafka_clients import consumer_config, producer_config
+from dsec.infra.keys import signer_for, verifier_for
 from dsec.infra.topics import ensure_topics
 from dsec.schemas import (
     ActuationCommand,
     ActuationResult,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     now_ms,
-    sign,
     topic_names,
 )
 from dsec.schemas.actuations import GradCompressionParams
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 NODE = "node-poison"
@@ -36,13 +39,13 @@ FORGERIES = 10_001  # one more than the replay memory of unverified ids once hel
 YEAR_MS = 365 * 86_400_000
 
 
-def _command(target: WorkerIdentity, key: bytes, bits: int = 8, at_ms: int | None = None,
+def _command(target: WorkerIdentity, key: Signer, bits: int = 8, at_ms: int | None = None,
              actuation_id: str | None = None) -> ActuationCommand:
     at = now_ms() if at_ms is None else at_ms
-    return sign(ActuationCommand(
+    return key.sign(ActuationCommand(
         actuation_id=actuation_id or uuid.uuid4().hex, event_time_ms=at,
         expires_at_ms=at + 600_000, target=target, policy_name="poison-test",
-        policy_version=1, action=GradCompressionParams(bits=bits)), key)
+        policy_version=1, action=GradCompressionParams(bits=bits)))
 
 
 def test_misdated_commands_and_replays_after_a_flood_are_refused(settings) -> None:
@@ -58,7 +61,7 @@ def test_misdated_commands_and_replays_after_a_flood_are_refused(settings) -> No
     daemon = NodeActuator(
         NodeActuatorConfig(node_id=NODE, run_dir=run_dir, actuations_topic=topics.actuations,
                            results_topic=topics.actuation_results,
-                           signing_key=settings.signing_key_bytes(),
+                           verifier=verifier_for(settings),
                            dead_letters_topic=topics.dead_letters),
         consumer_config(settings, group_id=f"{settings.topic_prefix}-{NODE}"), publish,
     ).start()
@@ -82,7 +85,7 @@ def test_misdated_commands_and_replays_after_a_flood_are_refused(settings) -> No
             producer.produce(topics.actuations, key=NODE.encode(), value=encode(command))
         assert producer.flush(60) == 0
 
-    key = settings.signing_key_bytes()
+    key = signer_for(settings, KeyRole.COMMAND_SIGNER)
     try:
         assert daemon.wait_ready(30)
         wait_for(lambda: channel.registered, 30, what="the worker registered")
@@ -94,7 +97,7 @@ def test_misdated_commands_and_replays_after_a_flood_are_refused(settings) -> No
         refused = wait_for(lambda: statuses(ahead.actuation_id), 60, what="the misdated one")
         assert refused[0][0] == "rejected" and "ahead of this clock" in refused[0][1]
 
-        forged = encode(_command(worker, b"not-the-key", actuation_id="f" * 32))
+        forged = encode(_command(worker, FORGER, actuation_id="f" * 32))
         for n in range(FORGERIES):  # each with an id of its own
             producer.produce(topics.actuations, key=NODE.encode(),
                              value=forged.replace(b"f" * 32, f"{n:032x}".encode()))

@@ -15,10 +15,12 @@ import pytest
 from feature_values import HEALTHY
 from policy_broker import EngineProcess, Rig, env_for, trace
 
+from dsec.infra.keys import signer_for
 from dsec.infra.topics import ensure_topics
-from dsec.schemas import PolicySpec, encode, now_ms, sign
+from dsec.schemas import PolicySpec, encode, now_ms
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 COMMAND_CAP = 4  # DSEC_COMMANDS_PER_WORKER_PER_MIN of the engine under test
@@ -40,12 +42,12 @@ def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     150 deep, and a signed policy followed by an unsigned tombstone of it."""
     data_dir = tmp_path_factory.mktemp("poison-policies")
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            job_id="test-job", data_dir=data_dir, signing_key="test-signing-key")
+                            job_id="test-job", data_dir=data_dir)
     ensure_topics(settings)
     rig = Rig(settings)
-    key = settings.signing_key_bytes()
-    rig.raw_policy(b"deep", encode(sign(_policy("deep", condition=DEEP), key)))
-    rig.raw_policy(b"custom", encode(sign(_policy("custom"), key)))
+    key = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    rig.raw_policy(b"deep", encode(key.sign(_policy("deep", condition=DEEP))))
+    rig.raw_policy(b"custom", encode(key.sign(_policy("custom"))))
     rig.raw_policy(b"custom", None)
     log_path = data_dir / "engine.log"
     with pytest.MonkeyPatch.context() as patch:
@@ -80,8 +82,8 @@ def _policy_cli(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_policy_nested_150_deep_is_refused_and_the_stack_still_starts(rig) -> None:
     """Was: RecursionError in the compiler, not caught; ``dsec up`` and ``dsec policy
     list`` failed at start for as long as the record stayed on the topic."""
-    key = rig.settings.signing_key_bytes()
-    rig.raw_policy(b"deep-later", encode(sign(_policy("deep-later", condition=DEEP), key)))
+    key = signer_for(rig.settings, KeyRole.POLICY_PUBLISHER)
+    rig.raw_policy(b"deep-later", encode(key.sign(_policy("deep-later", condition=DEEP))))
     reasons = _rejections(rig, {"deep", "deep-later"})
     assert all("nested 151 deep" in reason for reason in reasons.values()), reasons
     assert rig.engine.alive()
@@ -111,11 +113,12 @@ def test_policies_over_unknown_features_or_functions_are_refused_at_publish(rig,
                        "action: {params: {kind: snapshot}}\n")
     refused = _policy_cli(rig, "publish", str(unknown))
     assert refused.returncode == 2 and "unknown features not_a_feature" in refused.stderr
-    key = rig.settings.signing_key_bytes()  # signed and written past the CLI's check
-    rig.raw_policy(b"unknown-feature", encode(sign(_policy(
-        "unknown-feature", condition="not_a_feature > 1.0"), key)))
-    rig.raw_policy(b"unknown-function", encode(sign(_policy(
-        "unknown-function", condition="undefined_fn(gpu_temperature_c) > 1.0"), key)))
+    # signed and written past the CLI's check
+    key = signer_for(rig.settings, KeyRole.POLICY_PUBLISHER)
+    rig.raw_policy(b"unknown-feature", encode(key.sign(_policy(
+        "unknown-feature", condition="not_a_feature > 1.0"))))
+    rig.raw_policy(b"unknown-function", encode(key.sign(_policy(
+        "unknown-function", condition="undefined_fn(gpu_temperature_c) > 1.0"))))
     reasons = _rejections(rig, {"unknown-feature", "unknown-function"})
     assert "unknown features not_a_feature" in reasons["unknown-feature"]
     assert "unknown or unbounded CEL functions undefined_fn" in reasons["unknown-function"]
@@ -124,10 +127,10 @@ def test_policies_over_unknown_features_or_functions_are_refused_at_publish(rig,
 def test_cooldowns_have_a_floor_and_workers_a_command_cap(rig) -> None:
     """Was: a signed "snapshot every worker continuously" policy ran (152 snapshots in
     30 s to one worker)."""
-    key = rig.settings.signing_key_bytes()
-    rig.raw_policy(b"snapshot-everyone", encode(sign(_policy(
+    key = signer_for(rig.settings, KeyRole.POLICY_PUBLISHER)
+    rig.raw_policy(b"snapshot-everyone", encode(key.sign(_policy(
         "snapshot-everyone", condition="heartbeat_age_s >= 0.0", cooldown_s=0,
-        selector={"job_ids": ["rate-job"]}), key)))
+        selector={"job_ids": ["rate-job"]}))))
     rig.decisions.wait(lambda items: any(
         d.policy_name == "snapshot-everyone" and d.decision is DecisionKind.POLICY_ACCEPTED
         for d in items), 60, "the policy running")

@@ -12,9 +12,11 @@ import pytest
 from feature_values import GIB, HEALTHY, STUCK
 from policy_broker import EngineProcess, Rig, env_for, trace
 
+from dsec.infra.keys import signer_for
 from dsec.infra.topics import ensure_topics
-from dsec.schemas import PolicySpec, encode, now_ms, sign
+from dsec.schemas import PolicySpec, encode, now_ms
 from dsec.schemas.policies import DecisionKind
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +88,8 @@ def test_builtin_pack_fires_on_its_triggers_and_stays_quiet_when_healthy(rig) ->
     assert breaker == [
         {"kind": "grad_compression", "bits": 4}, {"kind": "grad_accumulation", "steps": 4},
         {"kind": "sampler", "paused": True}, {"kind": "sampler", "paused": False},
-        {"kind": "grad_accumulation", "steps": 1}, {"kind": "grad_compression", "bits": 8},
+        {"kind": "grad_accumulation", "steps": "original"},
+        {"kind": "grad_compression", "bits": "original"},
     ]
     assert all(c.target.node_id == f"node-{c.target.worker_id}" and c.signature
                for c in commands)
@@ -160,15 +163,15 @@ def test_published_policies_hot_reload_rejections_dry_run_and_delete(rig, tmp_pa
     rig.commands.wait(lambda items: any(c.policy_name == "custom-temperature" for c in items),
                       60, "the custom policy to act")
 
-    key = settings.signing_key_bytes()
-    tampered = sign(_custom(version=2), key).model_copy(
+    publisher = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    tampered = publisher.sign(_custom(version=2)).model_copy(
         update={"condition": "gpu_temperature_c > 0.0"})
     rig.raw_policy(b"custom-temperature", encode(tampered))
     rig.raw_policy(b"broken", b'{"name": "broken", "condition": ')
     unsigned = _custom(name="unsigned")
     rig.raw_policy(b"unsigned", encode(unsigned))
-    shadow = sign(_custom(name="shadow", condition="gpu_temperature_c > 50.0",
-                          dry_run=True), key)
+    shadow = publisher.sign(_custom(name="shadow", condition="gpu_temperature_c > 50.0",
+                                    dry_run=True))
     rig.raw_policy(b"shadow", encode(shadow))
 
     def rejected(items) -> dict:

@@ -52,7 +52,6 @@ def test_two_rank_gloo_cartpole_job_publishes_every_signal(settings, tmp_path) -
         "DSEC_TOPIC_PREFIX": settings.topic_prefix,
         "DSEC_JOB_ID": settings.job_id,
         "DSEC_DATA_DIR": str(tmp_path / "dsec"),
-        "DSEC_SIGNING_KEY": "test-signing-key",
     }
     port = free_port()
     workers = [
@@ -131,7 +130,7 @@ def _outage(broker, tmp_path) -> None:
 
     bound, per_message, queued_messages = 3_000, 500, 2
     settings = DsecSettings(bootstrap=broker.bootstrap, topic_prefix="outage",
-                            data_dir=tmp_path / "dsec", signing_key="k")
+                            data_dir=tmp_path / "dsec")
     ensure_topics(settings, partitions=1)
     config = ProbeConfig(
         flush_interval_s=0.1, heartbeat_interval_s=1.0, buffer_max_samples=bound,

@@ -62,7 +62,7 @@ def _publish_in_real_time(settings: DsecSettings, traces: dict[str, list],
 
 def test_survivors_take_over_without_losing_or_doubling(kafka_bootstrap, tmp_path) -> None:
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            data_dir=tmp_path / "sink", signing_key="test-signing-key")
+                            data_dir=tmp_path / "sink")
     topics = topic_names(settings.topic_prefix)
     workers = [TraceIdentity(job_id="scale", worker_id=f"worker-{i:02d}",
                              node_id=f"node-{i % 4}", start_ms=now_ms() - 120_000)

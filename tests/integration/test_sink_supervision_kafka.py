@@ -60,3 +60,4 @@ def test_a_dead_sink_loop_is_restarted_and_unhealthy_until_it_runs(settings, tmp
     finally:
         sink.stop()
         server.stop()
+        client.close()  # chDB holds one store per process: let the next test open its own

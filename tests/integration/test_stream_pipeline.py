@@ -33,7 +33,7 @@ START_MS = int(time.time() * 1000) - 3_600_000
 
 def _settings(kafka_bootstrap: str, tmp_path) -> DsecSettings:
     return DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                        data_dir=tmp_path / "sink", signing_key="test-signing-key")
+                        data_dir=tmp_path / "sink")
 
 
 def _publish(settings: DsecSettings, batches) -> None:

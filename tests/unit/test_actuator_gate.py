@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+from keys import FORGER, KEYRING, VERIFIER
+
 from dsec.actuators import ApplyHooks, CommandGate, NoApplyHookError
-from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity, sign
+from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity
 from dsec.schemas.actuations import PrecisionParams, SnapshotParams
 
-KEY = b"key"
 HERE = WorkerIdentity(job_id="j", worker_id="w0", node_id="n0")
 
 
@@ -12,18 +13,18 @@ def _command(actuation_id: str = "a" * 16, **changes: object) -> ActuationComman
     fields = dict(actuation_id=actuation_id, event_time_ms=1_000, expires_at_ms=61_000,
                   target=HERE, policy_name="p", policy_version=1, action=SnapshotParams())
     fields.update(changes)
-    return sign(ActuationCommand(**fields), KEY)
+    return KEYRING.sign(ActuationCommand(**fields))
 
 
 def test_fresh_signed_command_passes_once() -> None:
-    gate = CommandGate(HERE, KEY)
+    gate = CommandGate(HERE, VERIFIER)
     assert gate.check(_command(), now_ms=2_000) is None
     again = gate.check(_command(), now_ms=2_000)
     assert again is not None and again.duplicate
 
 
 def test_expired_unsigned_and_foreign_commands() -> None:
-    gate = CommandGate(HERE, KEY)
+    gate = CommandGate(HERE, VERIFIER)
     expired = gate.check(_command("b" * 16), now_ms=61_000)
     assert expired is not None and expired.status is ActuationStatus.STALE
     unsigned = _command("c" * 16).model_copy(update={"signature": None})
@@ -47,9 +48,9 @@ def test_apply_hooks_dispatch_by_kind() -> None:
 
 
 def test_a_forgery_carrying_a_real_id_does_not_stop_the_real_command() -> None:
-    gate = CommandGate(HERE, KEY)
+    gate = CommandGate(HERE, VERIFIER)
     genuine = _command("f" * 16)
-    forged = sign(genuine.model_copy(update={"signature": None}), b"not-the-key")
+    forged = FORGER.sign(genuine.model_copy(update={"signature": None}))
     rejected = gate.check(forged, now_ms=2_000)
     assert rejected is not None and not rejected.verified
     assert rejected.status is ActuationStatus.REJECTED and not gate.known(genuine.actuation_id)
@@ -58,7 +59,7 @@ def test_a_forgery_carrying_a_real_id_does_not_stop_the_real_command() -> None:
 
 
 def test_a_flood_of_forgeries_leaves_the_replay_memory_to_verified_ids() -> None:
-    gate = CommandGate(HERE, KEY, remember=1_000)
+    gate = CommandGate(HERE, VERIFIER, remember=1_000)
     genuine = _command("g" * 16)
     assert gate.check(genuine, now_ms=2_000) is None
     for n in range(20_000):
@@ -69,7 +70,7 @@ def test_a_flood_of_forgeries_leaves_the_replay_memory_to_verified_ids() -> None
 
 
 def test_a_genuine_command_for_another_worker_touches_nothing() -> None:
-    gate = CommandGate(HERE, KEY)
+    gate = CommandGate(HERE, VERIFIER)
     foreign = _command("h" * 16, target=HERE.model_copy(update={"worker_id": "w1"}))
     rejected = gate.check(foreign, now_ms=2_000)
     assert rejected is not None and not rejected.addressed
@@ -78,7 +79,7 @@ def test_a_genuine_command_for_another_worker_touches_nothing() -> None:
 
 
 def test_a_command_dated_beyond_the_clock_skew_bound_is_refused() -> None:
-    gate = CommandGate(HERE, KEY, max_future_ms=5_000)
+    gate = CommandGate(HERE, VERIFIER, max_future_ms=5_000)
     ahead = _command("i" * 16, event_time_ms=10_000, expires_at_ms=70_000)
     rejected = gate.check(ahead, now_ms=4_000)
     assert rejected is not None and rejected.status is ActuationStatus.REJECTED
@@ -88,7 +89,7 @@ def test_a_command_dated_beyond_the_clock_skew_bound_is_refused() -> None:
 
 
 def test_a_full_memory_refuses_rather_than_forgets_an_unexpired_id() -> None:
-    gate = CommandGate(HERE, KEY, remember=2, max_future_ms=0)
+    gate = CommandGate(HERE, VERIFIER, remember=2, max_future_ms=0)
     assert gate.check(_command("k" * 16), now_ms=2_000) is None
     assert gate.check(_command("l" * 16), now_ms=2_000) is None
     full = gate.check(_command("m" * 16), now_ms=2_000)

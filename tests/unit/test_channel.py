@@ -138,20 +138,20 @@ def test_answers_to_snapshots_in_flight_together_are_reported_with_their_command
     """A worker busy in a long step gets a second snapshot before it answers the first:
     both answers are reported as snapshots of their own command."""
     import orjson
+    from keys import KEYRING, VERIFIER
 
     from dsec.actuators import NodeActuator, NodeActuatorConfig
-    from dsec.schemas import encode, now_ms, sign
+    from dsec.schemas import encode, now_ms
 
-    key = b"k" * 32
     published: list[dict] = []
     daemon = NodeActuator(
         NodeActuatorConfig(node_id="n", run_dir=tmp_path, actuations_topic="a",
-                           results_topic="r", signing_key=key),
+                           results_topic="r", verifier=VERIFIER),
         {}, lambda _topic, _key, value: published.append(orjson.loads(value)))
     connection = _FakeConnection()
     daemon.delivery.register(("j", "w"), connection)
     at = now_ms()
-    first, second = (sign(_command(f"snap-{i:03d}", at + i, SnapshotParams()), key)
+    first, second = (KEYRING.sign(_command(f"snap-{i:03d}", at + i, SnapshotParams()))
                      for i in range(2))
     for command in (first, second):
         daemon.receive(encode(command))

@@ -10,6 +10,7 @@ import uuid
 import orjson
 from consumer_double import InMemoryLog, InMemoryMessage
 from helpers import wait_for
+from keys import FORGER, KEYRING, VERIFIER
 
 from dsec.actuators import ApplyHooks
 from dsec.actuators.command_source import CommandSource, dead_letters_to
@@ -26,27 +27,26 @@ from dsec.schemas import (
     ActuationStatus,
     DeadLetter,
     RuntimeRegistration,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     now_ms,
-    sign,
 )
 from dsec.schemas.actuations import GradAccumulationParams, PrecisionParams, SnapshotParams
 
-KEY = b"key"
 HERE = WorkerIdentity(job_id="j", worker_id="w0", node_id="n0")
 NOW_MS = 1_000_000
 SAFETY_S = 60.0
 
 
 def _command(actuation_id: str | None = None, target: WorkerIdentity = HERE,
-             key: bytes = KEY, at_ms: int = NOW_MS, ttl_ms: int = 60_000,
+             signer: Signer = KEYRING, at_ms: int = NOW_MS, ttl_ms: int = 60_000,
              action=None) -> ActuationCommand:
-    return sign(ActuationCommand(
+    return signer.sign(ActuationCommand(
         actuation_id=actuation_id or uuid.uuid4().hex, event_time_ms=at_ms,
         expires_at_ms=at_ms + ttl_ms, target=target, policy_name="p", policy_version=1,
-        action=action or SnapshotParams()), key)
+        action=action or SnapshotParams()))
 
 
 class Results:
@@ -80,7 +80,7 @@ class Recording(Applier):
 
 
 def _pipeline(applier: Applier, results: Results, **options) -> CommandPipeline:
-    return CommandPipeline(CommandGate(HERE, KEY), applier,
+    return CommandPipeline(CommandGate(HERE, VERIFIER), applier,
                            ResultPublisher("results", results.publish), clock_ms=lambda: NOW_MS,
                            **options)
 
@@ -110,7 +110,7 @@ def test_a_forgery_with_the_real_id_neither_stops_nor_overwrites_the_real_comman
     results, applier = Results(), Recording()
     pipeline = _pipeline(applier, results)
     genuine = _command()
-    forged = _command(genuine.actuation_id, key=b"not-the-key", action=PrecisionParams(
+    forged = _command(genuine.actuation_id, signer=FORGER, action=PrecisionParams(
         dtype="fp16"))
     assert pipeline.handle(forged) is ActuationStatus.REJECTED  # nothing verified yet
     assert pipeline.handle(genuine) is ActuationStatus.APPLIED
@@ -123,7 +123,7 @@ def test_commands_for_others_are_passed_over_before_the_gate() -> None:
     pipeline = _pipeline(applier, results)
     other = HERE.model_copy(update={"worker_id": "w1"})
     assert pipeline.handle(_command(target=other)) is None
-    assert pipeline.handle(_command(target=other, key=b"forged")) is None
+    assert pipeline.handle(_command(target=other, signer=FORGER)) is None
     assert pipeline.counts.handled == 0 and applier.applied == [] and results.published == []
 
 
@@ -267,7 +267,7 @@ def test_the_in_process_actuator_reads_from_start_and_applies_at_the_step_bounda
     results = Results()
     woken: list[int] = []
     actuator = InProcessActuator(
-        HERE, {"group.id": "worker"}, "actuations", "results", hooks, KEY, results.publish,
+        HERE, {"group.id": "worker"}, "actuations", "results", hooks, VERIFIER, results.publish,
         on_command=lambda: woken.append(1), consumer_factory=log.consumer)
     actuator.start(ready_timeout_s=SAFETY_S)
     try:
@@ -296,7 +296,7 @@ def test_the_webhook_forwarder_outlasts_a_flood_of_forgeries_without_committing_
     for n in range(3000):
         if n % 2:
             forged = _command(genuine.actuation_id if n % 3 == 0 else None, target=runtime,
-                              key=b"forged", at_ms=now_ms())
+                              signer=FORGER, at_ms=now_ms())
             log.append("actuations", encode(forged), key=b"agent-host", partitions=1)
         else:
             log.append("actuations", b"{}", key=b"node-%d" % (n % 7), partitions=1)
@@ -304,7 +304,7 @@ def test_the_webhook_forwarder_outlasts_a_flood_of_forgeries_without_committing_
     posted: list[bytes] = []
     results = Results()
     forwarder = WebhookForwarder(
-        registry, "j", {"group.id": "webhooks"}, "actuations", "results", KEY,
+        registry, "j", {"group.id": "webhooks"}, "actuations", "results", VERIFIER,
         results.publish, 5.0, lambda _url, body, _t: posted.append(body) or (200, b""),
         consumer_factory=log.consumer)
     _run_until_committed(forwarder, log, "webhooks", 3001)

@@ -33,8 +33,7 @@ def _no_probe_left_running() -> Iterator[None]:
 
 @pytest.fixture
 def settings(tmp_path) -> DsecSettings:
-    return DsecSettings(job_id="job-e", data_dir=tmp_path / "dsec", signing_key="k",
-                        run_dir=tmp_path / "run")
+    return DsecSettings(job_id="job-e", data_dir=tmp_path / "dsec", run_dir=tmp_path / "run")
 
 
 def _fast(**overrides) -> ProbeConfig:

@@ -4,16 +4,16 @@ the parameters; canary versions run in their pool alone, beside or instead of th
 from __future__ import annotations
 
 from feature_values import GIB, HEALTHY, STUCK
+from keys import KEYRING, VERIFIER
 from test_policy_engine import trace
 
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.registry import PolicyRegistry
 from dsec.policy_engine.trace import replay
-from dsec.schemas import FeatureEvent, PolicyDeletion, PolicySpec, PoolSpec, sign
+from dsec.schemas import FeatureEvent, PolicyDeletion, PolicySpec, PoolSpec
 from dsec.schemas.features import fleet_identity
 from dsec.schemas.policies import DecisionKind
 
-KEY = b"k" * 32
 PACK = {p.name: p for p in load_builtin_policies()}
 # The canaries below are versions 2 and 3 of a fleet version 1.
 PACK["stuck-episode"] = PACK["stuck-episode"].model_copy(update={"version": 1})
@@ -122,25 +122,25 @@ def test_a_dry_run_canary_is_audited_beside_the_version_that_acts() -> None:
 
 
 def test_promote_and_rollback_of_a_canary_in_the_registry() -> None:
-    registry = PolicyRegistry(KEY)
+    registry = PolicyRegistry(VERIFIER)
     stuck = PACK["stuck-episode"]
-    registry.install(sign(stuck, KEY))
-    accepted = registry.install(sign(_canary(stuck, "A", 2), KEY))
+    registry.install(KEYRING.sign(stuck))
+    accepted = registry.install(KEYRING.sign(_canary(stuck, "A", 2)))
     assert "as a canary in pool A, in place of v1" in accepted.detail
     assert registry.get("stuck-episode", "A").version == 2
     assert registry.get("stuck-episode", "B").version == 1
     assert registry.latest_version("stuck-episode") == 2
-    stale = registry.install(sign(_canary(stuck, "B", 1), KEY))
+    stale = registry.install(KEYRING.sign(_canary(stuck, "B", 1)))
     assert "not newer than v1, the fleet's" in stale.detail
     # rollback: a signed deletion of the pool's version; the pool runs the fleet's again
-    rolled = registry.delete(sign(PolicyDeletion(deletes="stuck-episode", pool="A",
-                                                 up_to_version=2), KEY))
+    rolled = registry.delete(KEYRING.sign(PolicyDeletion(deletes="stuck-episode", pool="A",
+                                                 up_to_version=2)))
     assert rolled.decision is DecisionKind.POLICY_DELETED and "pool A runs v1" in rolled.detail
     assert registry.get("stuck-episode", "A").version == 1
-    assert "deleted up to v2" in registry.install(sign(_canary(stuck, "A", 2), KEY)).detail
+    assert "deleted up to v2" in registry.install(KEYRING.sign(_canary(stuck, "A", 2))).detail
     # promote: the canary's body as the fleet's version; the canary no longer runs
-    registry.install(sign(_canary(stuck, "A", 3), KEY))
-    promoted = registry.install(sign(stuck.model_copy(update={"version": 3}), KEY))
+    registry.install(KEYRING.sign(_canary(stuck, "A", 3)))
+    promoted = registry.install(KEYRING.sign(stuck.model_copy(update={"version": 3})))
     assert "promoted from the canary in pool A" in promoted.detail
     assert registry.canaries("stuck-episode") == {}
     assert registry.get("stuck-episode", "A").pool is None
@@ -149,11 +149,11 @@ def test_promote_and_rollback_of_a_canary_in_the_registry() -> None:
 def test_canary_records_are_keyed_by_policy_and_pool() -> None:
     from dsec.schemas import encode
 
-    registry = PolicyRegistry(KEY)
-    canary = sign(_canary(PACK["stuck-episode"], "A", 2), KEY)
+    registry = PolicyRegistry(VERIFIER)
+    canary = KEYRING.sign(_canary(PACK["stuck-episode"], "A", 2))
     assert "keyed 'stuck-episode'" in registry.offer(b"stuck-episode", encode(canary)).detail
     assert registry.offer(b"stuck-episode@A", encode(canary)).decision == "policy_accepted"
-    deletion = sign(PolicyDeletion(deletes="stuck-episode", pool="A", up_to_version=2), KEY)
+    deletion = KEYRING.sign(PolicyDeletion(deletes="stuck-episode", pool="A", up_to_version=2))
     assert registry.offer(b"stuck-episode", encode(deletion)).decision == "policy_rejected"
     assert registry.offer(b"stuck-episode@A", encode(deletion)).decision == "policy_deleted"
 

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from gateway_server import RecordingPublisher
+from keys import FORGER, KEYRING, VERIFIER
 from starlette.testclient import TestClient
 
 from dsec.actuators.webhooks import WebhookForwarder, answer_status
@@ -18,11 +19,11 @@ from dsec.schemas import (
     ActuationResult,
     ActuationStatus,
     MetricBatch,
+    Signer,
     WorkerIdentity,
     decode,
     encode,
     now_ms,
-    sign,
 )
 from dsec.schemas.actuations import SnapshotParams
 
@@ -172,13 +173,13 @@ def test_other_client_errors_say_what_is_wrong(gateway) -> None:
     assert answer.status_code == 503 and "try again" in answer.json()["detail"]
 
 
-def _command(worker_id: str, key: bytes, job_id: str = "job-a") -> ActuationCommand:
+def _command(worker_id: str, signer: Signer, job_id: str = "job-a") -> ActuationCommand:
     now = now_ms()
-    return sign(ActuationCommand(
+    return signer.sign(ActuationCommand(
         actuation_id=uuid.uuid4().hex, event_time_ms=now, expires_at_ms=now + 60_000,
         target=WorkerIdentity(job_id=job_id, worker_id=worker_id, node_id="agent-host-1"),
         policy_name="reward-variance-jump", policy_version=1, action=SnapshotParams(),
-    ), key)
+    ))
 
 
 def test_webhook_forwarder_delivers_checks_and_reports(tmp_path) -> None:
@@ -194,14 +195,14 @@ def test_webhook_forwarder_delivers_checks_and_reports(tmp_path) -> None:
         return 200, b'{"status": "applied", "detail": "snapshot queued"}'
 
     forwarder = WebhookForwarder(
-        registry, "job-a", {}, "actuations", "results", b"key",
+        registry, "job-a", {}, "actuations", "results", VERIFIER,
         lambda _topic, _key, value: results.append(decode(value, ActuationResult)), 5.0, post,
     )
-    command = _command("dify-agent-7", b"key")
+    command = _command("dify-agent-7", KEYRING)
     assert forwarder.handle(encode(command)) is ActuationStatus.APPLIED
     assert forwarder.handle(encode(command)) is None  # duplicate: once only
-    assert forwarder.handle(encode(_command("someone-else", b"key"))) is None
-    assert forwarder.handle(encode(_command("dify-agent-7", b"wrong"))) is (
+    assert forwarder.handle(encode(_command("someone-else", KEYRING))) is None
+    assert forwarder.handle(encode(_command("dify-agent-7", FORGER))) is (
         ActuationStatus.REJECTED)
     assert len(posted) == 1 and decode(posted[0][1], ActuationCommand) == command
     assert results[0].detail == "snapshot queued" and results[0].identity.worker_id == (

@@ -18,9 +18,9 @@ from dsec.infra.observability.metrics import (
     EVENTS_IN,
     GRADIENT_SYNC_SUCCESS_RATE,
     MELT_DOWN_COUNT,
-    SANDBOX_UTILIZATION_RATE,
     LatestValues,
     MeanOfLatest,
+    MetricSpec,
     RecentEvents,
     is_breaker_trip,
 )
@@ -56,7 +56,7 @@ def test_catalogue_names_follow_prometheus_conventions() -> None:
         "dsec_breaker_trips_total", "dsec_gradient_sync_success_rate",
         "dsec_snapshot_recovery_time_seconds", "dsec_sandbox_utilization_rate",
         "dsec_actuations_total", "dsec_probe_samples_dropped_total", "dsec_workers_lost",
-        "dsec_requests_rejected_total",
+        "dsec_requests_rejected_total", "dsec_alert_notifications_total",
     }
     for spec in CATALOGUE:
         assert re.fullmatch(r"dsec_[a-z_]+", spec.name)
@@ -141,13 +141,20 @@ def test_latest_values_forget_label_sets_not_updated_and_trips_age_out() -> None
     assert not is_breaker_trip("meta-breaker-trips", "fired")
     assert not is_breaker_trip("periodic-snapshot", "fired")
     metrics = ProcessMetrics()
-    metrics.gauge_function(MELT_DOWN_COUNT, trips.count)
-    assert value(_parse(metrics), "dsec_melt_down_count") == 1
-    utilisation = MeanOfLatest(SANDBOX_UTILIZATION_RATE, ttl_s=60, clock=lambda: now[0])
+    recent = MetricSpec("dsec_test_recent_trips", "gauge", "trips in the last hour")
+    metrics.gauge_function(recent, trips.count)
+    assert value(_parse(metrics), "dsec_test_recent_trips") == 1
+    mean = MetricSpec("dsec_test_mean_utilisation", "gauge", "mean of the latest")
+    utilisation = MeanOfLatest(mean, ttl_s=60, clock=lambda: now[0])
     metrics.registry.register(utilisation)
-    assert value(_parse(metrics), "dsec_sandbox_utilization_rate") is None  # no NaN
+    assert value(_parse(metrics), "dsec_test_mean_utilisation") is None  # no NaN
     utilisation.set_many([(("w0",), 0.5), (("w1",), 1.0)])
-    assert value(_parse(metrics), "dsec_sandbox_utilization_rate") == 0.75
+    assert value(_parse(metrics), "dsec_test_mean_utilisation") == 0.75
+    pooled = LatestValues(MELT_DOWN_COUNT, ttl_s=60, clock=lambda: now[0])
+    metrics.registry.register(pooled)
+    pooled.set_many([(("A", "job-1"), 4.0), (("", "job-1"), 5.0)])
+    assert value(_parse(metrics), "dsec_melt_down_count", pool="A", job="job-1") == 4
+    assert value(_parse(metrics), "dsec_melt_down_count", pool="", job="job-1") == 5
 
 
 def test_consumer_lag_from_librdkafka_statistics() -> None:

@@ -195,3 +195,14 @@ def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() ->
     unpooled = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)[:3]
     plain = MetricsJob(TOPICS, {}).process(_records(unpooled), _now_ms(unpooled))
     assert plain.per_record[-1].event.tags.keys() <= {"gpu_model", "episode_end_reason"}
+
+
+def test_feature_events_name_the_gpu_they_came_from() -> None:
+    from dataclasses import replace
+
+    batches = leak_on_long_episodes(replace(IDENTITY, gpu_uuid="GPU-abc"), 1e6, phase_s=2,
+                                    phases=1)
+    result = MetricsJob(TOPICS, {}).process(_records(batches), _now_ms(batches))
+    events = [o.event for o in result.per_record]
+    assert {e.gpu_uuid for e in events} == {"GPU-abc"}
+    assert {e.tags["gpu_model"] for e in events} == {IDENTITY.gpu_model}

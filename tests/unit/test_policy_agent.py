@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 from feature_values import GIB, HEALTHY
 from feature_values import STUCK as STUCK_RUN
+from keys import KEYRING, VERIFIER
 
 from dsec.infra.records import Record
 from dsec.policy_engine.builtin import load_builtin_policies
@@ -18,18 +19,17 @@ from dsec.schemas import FeatureEvent, WorkerIdentity, encode
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.topics import topic_names
 
-KEY = b"test-signing-key"
 TOPICS = topic_names("t")
-PACK = {policy.name: policy for policy in load_builtin_policies(KEY)}
+PACK = {policy.name: policy for policy in load_builtin_policies()}
 STUCK = {**HEALTHY, **STUCK_RUN}
 
 
 def _agent(names: tuple[str, ...], states=None, knobs=None, from_offset: int = 0) -> PolicyAgent:
-    registry = PolicyRegistry(KEY)
+    registry = PolicyRegistry(VERIFIER)
     for name in names:
-        registry.install(PACK[name])
+        registry.install_trusted(PACK[name])
     return PolicyAgent(TOPICS, registry, {} if states is None else states,
-                       {} if knobs is None else knobs, KEY, from_offset)
+                       {} if knobs is None else knobs, KEYRING, from_offset)
 
 
 def _records(features: dict[str, float], seconds: int, start_ms: int = 1_000_000,
@@ -122,7 +122,7 @@ def test_a_knob_entry_reads_back_as_written() -> None:
 
 def test_policies_load_from_the_topic_past_the_startup_offset() -> None:
     agent = _agent((), from_offset=5)
-    policy = encode(PACK["stuck-episode"])
+    policy = encode(KEYRING.sign(PACK["stuck-episode"]))  # as dsec policy publish does
     assert agent.load_policy(Record(TOPICS.policies, 0, 4, b"stuck-episode", policy)) is None
     assert agent.registry.get("stuck-episode") is None  # read at startup already
     audit = agent.load_policy(Record(TOPICS.policies, 0, 5, b"stuck-episode", policy))

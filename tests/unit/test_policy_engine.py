@@ -203,22 +203,22 @@ def test_a_deferred_claim_takes_effect_when_the_holder_lets_go() -> None:
 
 
 def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
-    low = sign(PolicySpec.model_validate({
+                                       "ttl_s": 30}}))
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
-        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}), key)
+        "stages": [{"actions": [{"kind": "sync_priority", "level": -1}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     first = engine.evaluate(trace({**HEALTHY, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace({**HEALTHY, **STUCK}, 5,
                                    worker="w1", start_ms=1_010_000))
@@ -232,24 +232,24 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
 
 
 def test_a_deferred_claim_takes_effect_when_the_claim_above_lapses() -> None:
+    from keys import KEYRING, VERIFIER
+
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import sign
 
-    key = b"k"
-    registry = PolicyRegistry(key)
-    nudge = sign(PolicySpec.model_validate({
+    registry = PolicyRegistry(VERIFIER)
+    nudge = KEYRING.sign(PolicySpec.model_validate({
         "name": "nudge", "condition": "worker_lost >= 1.0", "priority": 900,
         "cooldown_s": 3600, "action": {"params": {"kind": "sync_priority", "level": 1},
-                                       "ttl_s": 30}}), key)
+                                       "ttl_s": 30}}))
     # held while its condition holds, undone after: it never fires twice on its own
-    low = sign(PolicySpec.model_validate({
+    low = KEYRING.sign(PolicySpec.model_validate({
         "name": "low", "condition": "episode_same_end_streak >= 3.0", "priority": 1,
         "stages": [{"actions": [{"kind": "sync_priority", "level": -1}],
-                    "undo": [{"kind": "sync_priority", "level": 0}]}]}), key)
+                    "undo": [{"kind": "sync_priority", "level": 0}]}]}))
     registry.install(nudge)
     registry.install(low)
-    engine = Engine(registry, {}, {}, key)
+    engine = Engine(registry, {}, {}, KEYRING)
     stuck = {**HEALTHY, **STUCK}
     first = engine.evaluate(trace({**stuck, "worker_lost": 1.0}, 5))
     during = engine.evaluate(trace(stuck, 20, start_ms=1_005_000))
@@ -301,3 +301,29 @@ def test_a_card_that_throttles_snapshots_workers_that_do_not_sample_it() -> None
     told = {**HEALTHY, "card_thermal_throttled": 1.0}
     result = replay(_pack("gpu-degradation-snapshot"), trace(told, 10, worker="quiet-one"))
     assert [c.action.kind for c in result.output.commands] == ["snapshot"]
+
+
+def test_gpu_alert_names_the_gpu_and_resolves_once_the_condition_clears() -> None:
+    throttling = {"gpu_thermal_throttle_events": 2.0, "gpu_thermal_throttled": 1.0}
+    hot = trace({**HEALTHY, **throttling}, 20,
+                tags={"gpu_model": "NVIDIA H100"})
+    cool = trace(HEALTHY, 20, start_ms=1_000_000 + 20_000)
+    result = replay(_pack("gpu-degradation-snapshot"), hot + cool + cool)
+    decisions = [(d.decision, d.alert) for d in result.output.decisions]
+    assert decisions == [(DecisionKind.FIRED, "GPU_GPU-1_degraded"),
+                         (DecisionKind.SUPPRESSED_COOLDOWN, "GPU_GPU-1_degraded"),
+                         (DecisionKind.RESOLVED, "GPU_GPU-1_degraded")]
+    fired = result.output.decisions[0]
+    assert (fired.gpu_uuid, fired.gpu_model) == ("GPU-1", "NVIDIA H100")
+
+
+def test_a_staged_alert_is_resolved_by_coming_down_not_by_a_resolution_of_its_own() -> None:
+    stuck = trace({**HEALTHY, **STUCK}, 10)
+    calm = trace(HEALTHY, 200, start_ms=1_000_000 + 10_000)
+    result = replay(_pack("stuck-episode"), stuck + calm)
+    kinds = [d.decision for d in result.output.decisions]
+    assert DecisionKind.RESOLVED not in kinds
+    assert kinds[-1] is DecisionKind.STAGED_DOWN
+    # Each decision names the run it saw; the alert tracker ends the firing by its labels.
+    assert result.output.decisions[0].alert == "Agent_w1_episode_stuck_collision_3x"
+    assert result.output.decisions[-1].alert == "Agent_w1_episode_stuck_collision_1x"

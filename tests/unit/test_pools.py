@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 from feature_values import GIB, HEALTHY
+from keys import KEYRING, VERIFIER
 from test_policy_engine import trace
 
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.pool_registry import PoolRegistry, parse_pool
 from dsec.policy_engine.trace import replay
-from dsec.schemas import PoolDeletion, PoolSpec, encode, sign
+from dsec.schemas import PoolDeletion, PoolSpec, encode
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.pools import PoolQuotas
 
-KEY = b"k" * 32
 PACK = {p.name: p for p in load_builtin_policies()}
 
 
@@ -50,24 +50,24 @@ def test_a_pool_that_does_not_hold_together_is_refused(body: dict, fragment: str
 
 
 def test_the_registry_keeps_signed_newer_versions_and_signed_deletions() -> None:
-    pools = PoolRegistry(KEY)
-    first = sign(PoolSpec(name="A", quotas=PoolQuotas(latency_cap_ms=60)), KEY)
+    pools = PoolRegistry(VERIFIER)
+    first = KEYRING.sign(PoolSpec(name="A", quotas=PoolQuotas(latency_cap_ms=60)))
     assert pools.offer(b"A", encode(first)).decision is DecisionKind.POOL_ACCEPTED
     assert pools.offer(b"A", encode(first)) is None  # the same version again
     assert "signature" in pools.install(PoolSpec(name="A", version=2)).detail
-    assert "not newer" in pools.install(sign(PoolSpec(name="A", version=1,
-                                                      dry_run=True), KEY)).detail
+    assert "not newer" in pools.install(KEYRING.sign(PoolSpec(name="A", version=1,
+                                                      dry_run=True))).detail
     assert "names 'A'" in pools.offer(b"B", encode(first)).detail
     assert pools.offer(b"A", None).decision is DecisionKind.POOL_REJECTED
     assert pools.offer(b"A", b"{not yaml").decision is DecisionKind.POOL_REJECTED
     assert pools.get("A") == first and pools.next_version("A") == 2
-    deleted = pools.offer(b"A", encode(sign(PoolDeletion(deletes="A", up_to_version=1), KEY)))
+    deleted = pools.offer(b"A", encode(KEYRING.sign(PoolDeletion(deletes="A", up_to_version=1))))
     assert deleted.decision is DecisionKind.POOL_DELETED and pools.get("A") is None
     assert pools.install(first) is None and pools.get("A") is None  # a replay: no news
-    refused = sign(PoolSpec(name="A", version=1, description="again"), KEY)
+    refused = KEYRING.sign(PoolSpec(name="A", version=1, description="again"))
     assert decided(pools.install(refused)) == DecisionKind.POOL_REJECTED
     assert pools.next_version("A") == 2
-    assert decided(pools.install(sign(PoolSpec(name="A", version=2), KEY))) == "pool_accepted"
+    assert decided(pools.install(KEYRING.sign(PoolSpec(name="A", version=2)))) == "pool_accepted"
 
 
 def decided(decision) -> str | None:
@@ -75,12 +75,12 @@ def decided(decision) -> str | None:
 
 
 def test_a_policy_for_a_pools_workers_carries_the_pools_overrides() -> None:
-    pools = PoolRegistry(KEY)
-    pools.install(sign(PoolSpec(name="A", quotas=PoolQuotas(latency_cap_ms=60)), KEY))
-    pools.install(sign(PoolSpec(name="shadow", dry_run=True), KEY))
-    pools.install(sign(PoolSpec(name="low", quotas=PoolQuotas(latency_cap_ms=5)), KEY))
-    pools.install(sign(PoolSpec(name="odd", params={"bandwidth-latency-breaker":
-                                                    {"nope": 1.0}}), KEY))
+    pools = PoolRegistry(VERIFIER)
+    pools.install(KEYRING.sign(PoolSpec(name="A", quotas=PoolQuotas(latency_cap_ms=60))))
+    pools.install(KEYRING.sign(PoolSpec(name="shadow", dry_run=True)))
+    pools.install(KEYRING.sign(PoolSpec(name="low", quotas=PoolQuotas(latency_cap_ms=5))))
+    pools.install(KEYRING.sign(PoolSpec(name="odd", params={"bandwidth-latency-breaker":
+                                                    {"nope": 1.0}})))
     breaker = PACK["bandwidth-latency-breaker"]
     assert pools.effective(breaker, None).spec is breaker
     assert pools.effective(breaker, "unknown").spec is breaker
@@ -135,8 +135,8 @@ def test_cli_validates_pool_files(tmp_path) -> None:
 
 
 def test_a_version_read_back_behind_newer_ones_is_no_news() -> None:
-    pools = PoolRegistry(KEY)
-    first, second = (sign(PoolSpec(name="A", version=v), KEY) for v in (1, 2))
+    pools = PoolRegistry(VERIFIER)
+    first, second = (KEYRING.sign(PoolSpec(name="A", version=v)) for v in (1, 2))
     pools.install(first)
     pools.install(second)
     assert pools.offer(b"A", encode(first)) is None

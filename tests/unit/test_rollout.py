@@ -4,15 +4,15 @@ status, history, and the records that promote, roll back and revert."""
 from __future__ import annotations
 
 import pytest
+from keys import KEYRING, VERIFIER
 
 from dsec.policy_engine.builtin import load_builtin_policies
 from dsec.policy_engine.policy_log import PolicyRecord
 from dsec.policy_engine.rollout import RolloutError, Rollouts
-from dsec.schemas import PolicyDeletion, PolicySpec, PoolSpec, encode, sign
+from dsec.schemas import PolicyDeletion, PolicySpec, PoolSpec, encode
 from dsec.schemas.policies import policy_key
 from dsec.schemas.pools import PoolQuotas
 
-KEY = b"k" * 32
 BREAKER = "bandwidth-latency-breaker"
 # versions are counted from the built-in pack's own
 V = {p.name: p for p in load_builtin_policies()}[BREAKER].version
@@ -21,7 +21,7 @@ V = {p.name: p for p in load_builtin_policies()}[BREAKER].version
 def _records(*items) -> list[PolicyRecord]:
     out = []
     for offset, item in enumerate(items):
-        signed = sign(item, KEY)
+        signed = KEYRING.sign(item)
         if isinstance(item, PoolSpec):
             key = item.name
         elif isinstance(item, PolicyDeletion):
@@ -33,7 +33,7 @@ def _records(*items) -> list[PolicyRecord]:
 
 
 def _view(policies=(), pools=()) -> Rollouts:
-    return Rollouts(KEY, load_builtin_policies(KEY), _records(*policies), _records(*pools))
+    return Rollouts(VERIFIER, load_builtin_policies(), _records(*policies), _records(*pools))
 
 
 def _breaker(version: int, **changes) -> PolicySpec:

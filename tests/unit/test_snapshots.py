@@ -226,3 +226,29 @@ def test_a_snapshot_is_written_at_the_commands_compression_level(tmp_path: Path)
     raw = ChunkCodec().decode(stored, None, 4, chunk.nbytes)
     assert ChunkCodec(19).encode(raw, None, 4) == stored != ChunkCodec(3).encode(raw, None, 4)
     assert restore(f"file://{tmp_path}", *_model_and_optimizer(seed=1)).seq == default.seq
+
+
+def test_a_restore_after_init_reports_the_resume(tmp_path: Path, monkeypatch) -> None:
+    from recording import IDENTITY, RecordingTransport
+
+    import dsec
+    from dsec import facade
+    from dsec.runtime import WorkerRuntime
+    from dsec.schemas.settings import DsecSettings
+
+    _snapshot_chain(tmp_path / "chain", 3)
+    transport = RecordingTransport()
+    runtime = WorkerRuntime(DsecSettings(data_dir=tmp_path / "dsec"), IDENTITY,
+                            actuate=False, transport=transport)
+    monkeypatch.setattr(facade, "_runtime", runtime)
+    fresh, fresh_optimizer = _model_and_optimizer(seed=1)
+    try:
+        dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer)
+        dsec.restore(f"file://{tmp_path / 'chain'}", fresh, fresh_optimizer, report=False)
+        dsec.report_resume("checkpoint", 4.5, step=7)
+        runtime.probe.flush()
+    finally:
+        runtime.shutdown()  # undoes its hooks (all_reduce among them) for the tests after it
+    recoveries = transport.samples("recovery")
+    assert [(r.source, r.step) for r in recoveries] == [("snapshot", 2), ("checkpoint", 7)]
+    assert 0 < recoveries[0].recovery_time_s < 30 and recoveries[1].recovery_time_s == 4.5

@@ -127,3 +127,49 @@ def test_the_last_ending_is_tagged_for_alerts() -> None:
     update = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 0, CONFIG)
     assert update.features["episode_same_end_streak"] == 3.0
     assert update.tags == {"episode_end_reason": "collision_x12"}
+
+
+def test_totals_for_the_fleet_count_syncs_failures_and_snapshot_resumes() -> None:
+    from dsec.bench.traces import slow_grad_sync
+
+    batches = slow_grad_sync(TraceIdentity(), seconds=5, latency_ms=20.0, syncs_per_s=10,
+                             failed_every=4, recovery_time_s=6.5)
+    state, outputs = _run(batches)
+    last = outputs[-1].features
+    assert last["grad_syncs_total"] == 50
+    assert last["grad_syncs_failed_total"] == 12  # every 4th of 50
+    assert outputs[0].features["snapshot_recoveries_total"] == 1
+    assert outputs[0].features["snapshot_recovery_time_s_total"] == 6.5
+    assert outputs[0].tags["recovery_source"] == "snapshot"
+    assert state.recoveries.total == 1 and "recoveries_total" not in last
+
+
+def test_step_time_covers_the_steps_between_samples() -> None:
+    from dsec.bench.traces import training_batch
+
+    # 3 batches of 100 consecutive steps, each sample 2 ms a step: the first sample has
+    # no step before it, so 299 steps are covered.
+    batches = [training_batch(TraceIdentity(), index, samples=100) for index in range(3)]
+    state, outputs = _run(batches)
+    assert outputs[-1].features["step_time_s_total"] == pytest.approx(299 * 0.002)
+    assert state.steps.last_sampled_step == 299
+
+
+def test_step_time_spans_unsampled_steps() -> None:
+    import numpy as np
+
+    from dsec.schemas.frames import Frame
+
+    frame: Frame = {
+        "event_time_ms": np.array([1, 2]), "step": np.array([10, 20]),
+        "loss": np.array([1.0, 1.0]), "grad_norm": np.array([np.nan, np.nan]),
+        "loss_nonfinite": np.array([False, False]), "grad_nonfinite": np.array([False, False]),
+        "step_time_ms": np.array([5.0, 4.0]),
+        "grad_norm_source": np.array([None, None], dtype=object),
+    }
+    state = WorkerState()
+    update = worker_features.update(state, {"step": frame}, 0, 0, 0, CONFIG)
+    update = worker_features.update(
+        update.state, {"step": {**frame, "step": np.array([25, 30])}}, 0, 1, 0, CONFIG)
+    # 10 steps at 4 ms, then 5 at 5 ms and 5 at 4 ms
+    assert update.features["step_time_s_total"] == pytest.approx(0.040 + 0.025 + 0.020)

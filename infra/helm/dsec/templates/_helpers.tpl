@@ -77,6 +77,8 @@ key: {{ ternary .existingKey .key (not (empty .existing)) }}
       {{- include "dsec.secretRef" (dict "root" . "existing" .Values.clickhouse.existingSecret "existingKey" .Values.clickhouse.existingSecretKey "key" "clickhouse-dsn") | nindent 6 }}
 - name: DSEC_CLICKHOUSE_TTL_DAYS
   value: {{ .Values.clickhouse.ttlDays | quote }}
+- name: DSEC_SIGNING_MODE
+  value: hmac-dev
 - name: DSEC_SIGNING_KEY
   valueFrom:
     secretKeyRef:
@@ -87,12 +89,14 @@ key: {{ ternary .existingKey .key (not (empty .existing)) }}
 {{- if .mechanism }}
 - name: DSEC_KAFKA_SASL_MECHANISM
   value: {{ .mechanism | quote }}
+{{- if not $.Values.kafka.users.enabled }}
 - name: DSEC_KAFKA_SASL_USERNAME
   value: {{ required "kafka.sasl.username is required with a SASL mechanism" .username | quote }}
 - name: DSEC_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
       {{- include "dsec.secretRef" (dict "root" $ "existing" .existingSecret "existingKey" .existingSecretKey "key" "kafka-sasl-password") | nindent 6 }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if .Values.kafka.ssl.enabled }}
@@ -114,6 +118,20 @@ key: {{ ternary .existingKey .key (not (empty .existing)) }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* With kafka.users.enabled, the Kafka user of one dsec part: (dict "root" $ "part" "sink") */}}
+{{- define "dsec.kafkaUserEnv" -}}
+{{- $users := .root.Values.kafka.users -}}
+{{- $_ := required "kafka.sasl.mechanism is required with kafka.users.enabled" .root.Values.kafka.sasl.mechanism -}}
+{{- $name := printf "%s%s" $users.namePrefix .part -}}
+- name: DSEC_KAFKA_SASL_USERNAME
+  value: {{ $name | quote }}
+- name: DSEC_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name | quote }}
+      key: {{ $users.passwordKey | quote }}
 {{- end -}}
 
 {{- define "dsec.volumeMounts" -}}
@@ -217,6 +235,9 @@ spec:
             {{- toYaml .args | nindent 12 }}
           env:
             {{- include "dsec.env" $root | nindent 12 }}
+            {{- if $root.Values.kafka.users.enabled }}
+            {{- include "dsec.kafkaUserEnv" (dict "root" $root "part" (ternary "gateway" .component (eq .component "ingest-gateway"))) | nindent 12 }}
+            {{- end }}
             {{- with .extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -284,6 +305,9 @@ with the chosen partitions and replication factor, and the tables. */}}
     - {{ .Values.init.waitSeconds | quote }}
   env:
     {{- include "dsec.env" . | nindent 4 }}
+    {{- if .Values.kafka.users.enabled }}
+    {{- include "dsec.kafkaUserEnv" (dict "root" . "part" "init") | nindent 4 }}
+    {{- end }}
   resources:
     {{- toYaml .Values.init.resources | nindent 4 }}
   securityContext:
