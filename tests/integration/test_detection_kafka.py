@@ -30,13 +30,15 @@ from typer.testing import CliRunner
 
 from dsec.history import query
 from dsec.infra.kafka_clients import make_producer
+from dsec.infra.keys import signer_for
 from dsec.infra.replay import replay
 from dsec.infra.topics import ensure_topics
 from dsec.policy_engine.policy_log import publish_policy
-from dsec.schemas import PolicyDecision, PolicySpec, now_ms, sign, topic_names
+from dsec.schemas import PolicyDecision, PolicySpec, now_ms, topic_names
 from dsec.schemas.base import SCHEMA_VERSION
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.trust import KeyRole
 
 pytestmark = pytest.mark.integration
 GIB = 1 << 30
@@ -143,13 +145,14 @@ def _traffic() -> list[dict]:
 def stack(kafka_bootstrap, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("detect")
     settings = DsecSettings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            data_dir=data_dir, signing_key="test-signing-key")
+                            data_dir=data_dir)
     ensure_topics(settings)
     # A policy over features of two sample kinds, with a for: timer.
-    publish_policy(settings, sign(PolicySpec.model_validate({
+    publisher = signer_for(settings, KeyRole.POLICY_PUBLISHER)
+    publish_policy(settings, publisher.sign(PolicySpec.model_validate({
         "name": "hot-and-slow", "version": 1, "for_s": 5, "cooldown_s": 600,
         "condition": "gpu_temperature_c > 85.0 && grad_sync_latency_p95_ms > 100.0",
-        "action": {"params": {"kind": "snapshot"}}}), settings.signing_key_bytes()))
+        "action": {"params": {"kind": "snapshot"}}})))
     decisions = Reader(settings, topic_names(settings.topic_prefix).decisions, PolicyDecision)
     process = start_stack(kafka_bootstrap, data_dir, settings.topic_prefix)
     try:
@@ -247,7 +250,7 @@ def test_policy_test_against_history_shows_what_a_policy_would_have_fired(stack)
                                      "AND feature = 'episode_end_streak_chance_per_h'")
              ["rows"][0][0] >= 6, 60, what="the stuck worker's stored features")
     policy = Path(__file__).parents[2] / "policy_engine" / "builtin" / "stuck-episode.yaml"
-    env = {"DSEC_DATA_DIR": str(settings.data_dir), "DSEC_SIGNING_KEY": "test-signing-key"}
+    env = {"DSEC_DATA_DIR": str(settings.data_dir)}
     started = time.monotonic()
     result = CliRunner().invoke(app, ["policy", "test", str(policy), "--against-history",
                                       "--since", "3h", "--job", "detect", "--json"], env=env)
