@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.compression import compression
+from dsec.bench.detection_workloads import FAULT_CLASSES, HELD_OUT_SEEDS, HELD_OUT_SHAPES
 from dsec.bench.native import native_command
 from dsec.bench.policy_eval import policy_eval
 from dsec.bench.probe_overhead import probe_overhead
@@ -73,6 +74,59 @@ def reaction(
         typer.echo(f"dsec bench reaction failed: {exc}", err=True)
         raise typer.Exit(1) from None
     _print(result, as_json, "dsec bench reaction")
+
+
+@bench_app.command("detection")
+def detection(
+    shapes: Annotated[str, typer.Option(
+        help="Comma-separated workload shapes (default: the held-out ones).")] = ",".join(
+        HELD_OUT_SHAPES),
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds (default: held out).")] = (
+        ",".join(map(str, HELD_OUT_SEEDS))),
+    workers: Annotated[int, typer.Option(min=2, help="Workers per trace.")] = 16,
+    duration_s: Annotated[float, typer.Option(
+        min=30.0, help="Real-time part of each trace (the faults begin in its first half).")
+    ] = 240.0,
+    preroll_s: Annotated[float, typer.Option(
+        min=0.0, help="Healthy history published at once before it.")] = 600.0,
+    interval_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds between two messages of a worker.")] = 1.0,
+    quiet: Annotated[bool, typer.Option(
+        help="No faults: count the corrective commands on healthy workers.")] = False,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Labelled faults in neutral traces, in real time through the whole stack, scored."""
+    from dsec.bench.detection import (
+        DetectionBenchError,
+        DetectionBenchOptions,
+        run_detection_bench,
+    )
+
+    try:
+        options = DetectionBenchOptions(
+            shapes=tuple(s.strip() for s in shapes.split(",") if s.strip()),
+            seeds=tuple(int(s) for s in seeds.split(",") if s.strip()), workers=workers,
+            duration_s=duration_s, preroll_s=preroll_s, interval_s=interval_s,
+            faults=() if quiet else FAULT_CLASSES, bootstrap=bootstrap)
+        options.specs()
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    try:
+        result = run_detection_bench(options)
+    except DetectionBenchError as exc:
+        typer.echo(f"dsec bench detection failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(result))
+        return
+    _print({"f1": result["overall"]["f1"], "precision": result["overall"]["precision"],
+            "recall": result["overall"]["recall"],
+            "latency_p50_s": result["overall"]["latency_s"]["p50"],
+            "corrective_commands_on_healthy_workers":
+                result["corrective_commands_on_healthy_workers"]},
+           False, "dsec bench detection")
 
 
 @bench_app.command("fuzz")

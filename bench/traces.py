@@ -169,9 +169,10 @@ def slow_grad_sync(
     heartbeat_interval_s: float = 1.0,
 ) -> list[MetricBatch]:
     """Gradient syncs taking ``latency_ms`` each (every ``failed_every``-th one failing,
-    when given), one GPU sample and a heartbeat a second whose probe counts
-    ``samples_dropped_per_s`` more dropped samples each time; a resume from a snapshot that
-    took ``recovery_time_s`` opens the trace, when given."""
+    when given), one GPU sample (the worker alone on its card: all of ``memory_used_bytes``
+    is its own) and a heartbeat a second whose probe counts ``samples_dropped_per_s`` more
+    dropped samples each time; a resume from a snapshot that took ``recovery_time_s`` opens
+    the trace, when given."""
     batches = []
     for second in range(seconds):
         t0 = ident.start_ms + second * 1000
@@ -185,6 +186,7 @@ def slow_grad_sync(
         gpu = GpuColumns(
             event_time_ms=[t0], gpu_uuid=[ident.gpu_uuid], gpu_model=[ident.gpu_model],
             memory_used_bytes=[memory_used_bytes], memory_total_bytes=[80 * GIB],
+            process_memory_used_bytes=[memory_used_bytes],
             utilisation_pct=[utilisation_pct], temperature_c=[65.0],
         )
         heartbeat = HeartbeatColumns(

@@ -134,6 +134,7 @@ class WorkerRuntime:
         self._undo_all_reduce: Callable[[], None] | None = None
         if config.grad_sync_timing:
             self._undo_all_reduce = _instrument_all_reduce_if_present(self.grad_sync)
+        cuda_memory: CudaMemoryCollector | None = None
         if config.cuda_memory_interval_s > 0:
             cuda_memory = CudaMemoryCollector(self.probe, config.cuda_memory_interval_s)
             self.probe.add_collector(cuda_memory)
@@ -141,7 +142,8 @@ class WorkerRuntime:
         self.nvml: NvmlSampler | None = None
         if config.gpu_sample_interval_s > 0:
             self.nvml = NvmlSampler(
-                self.probe, config.gpu_sample_interval_s, gpu_indices=config.gpu_indices
+                self.probe, config.gpu_sample_interval_s, gpu_indices=config.gpu_indices,
+                current_device=(lambda: cuda_memory.device_index) if cuda_memory else None,
             )
         self.hooks = ApplyHooks()
         self.controls = WorkerControls(

@@ -53,6 +53,11 @@ class CudaMemoryCollector:
         self._next_s = 0.0
         self._next_bind_check_s = 0.0
 
+    @property
+    def device_index(self) -> int | None:
+        """The CUDA device the training thread made current, once it has."""
+        return self._device_index
+
     def bind_device(self) -> None:
         if self._device_index is not None:
             return

@@ -31,16 +31,22 @@ class BatchMessages:
         self._identity_fields = identity.model_dump()
         self.id_prefix = new_event_id()[:16]
         self._messages_encoded = 0
+        # The GPU this process uses, once known: the stream jobs learn from it which
+        # workers share a card.
+        self.gpu_uuid: str | None = None
 
     def encode(self, chunk: list[tuple], event_time_ms: int) -> bytes:
         self._messages_encoded += 1
-        return orjson.dumps({
+        document = {
             "schema_version": SCHEMA_VERSION,
             "event_id": f"{self.id_prefix}{self._messages_encoded:016x}",
             "event_time_ms": event_time_ms,
             "identity": self._identity_fields,
             "columns": pack_long_columns(batch_columns(chunk)),
-        })
+        }
+        if self.gpu_uuid is not None:
+            document["gpu_uuid"] = self.gpu_uuid
+        return orjson.dumps(document)
 
 
 class Flusher:
@@ -75,6 +81,10 @@ class Flusher:
     @property
     def message_id_prefix(self) -> str:
         return self._messages.id_prefix
+
+    def name_gpu(self, gpu_uuid: str) -> None:
+        """The messages from now on name ``gpu_uuid`` as this process's GPU."""
+        self._messages.gpu_uuid = gpu_uuid
 
     def heartbeat_at_next_flush(self) -> None:
         """The next flush sends a heartbeat (the first flush of a started probe says the

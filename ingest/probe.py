@@ -107,6 +107,11 @@ class Probe:
         """A low-rate sample (``gpu``, ``cuda_memory``) given as its wire fields; any thread."""
         self._buffer.record(("fields", self._now_ms(), kind, fields))
 
+    def name_gpu(self, gpu_uuid: str) -> None:
+        """Names the GPU this process uses in its messages (which workers share a card is
+        told from it); any thread."""
+        self._flusher.name_gpu(gpu_uuid)
+
     # --- steps and optimizers --------------------------------------------------------
 
     @property

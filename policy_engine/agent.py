@@ -14,13 +14,13 @@ from dsec.policy_engine.instruments import EngineInstruments
 from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
-from dsec.policy_engine.tables import knob_table, state_table
+from dsec.policy_engine.tables import feature_table, knob_table, state_table
 from dsec.schemas import PolicyDecision, Signer
 from dsec.schemas.topics import TopicNames
 
 __all__ = ["TABLES", "EngineCounters", "EngineOptions", "register_policy_engine"]
 
-TABLES = ("policy-state", "policy-knobs")
+TABLES = ("policy-state", "policy-knobs", "policy-features")
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ def register_policy_engine(
     features = app.topic(topics.features, value_type=bytes, key_type=bytes)
     policies = app.topic(topics.policies, value_type=bytes, key_type=bytes)
     pool_records = app.topic(topics.pools, value_type=bytes, key_type=bytes)
-    tables = _table(app, "policy-state"), _table(app, "policy-knobs")
+    tables = tuple(_table(app, name) for name in TABLES)
     agent = PolicyAgent(topics, registry, state_table(tables[0]), knob_table(tables[1]),
-                        signer, policies_from_offset, pools, pools_from_offset)
+                        signer, policies_from_offset, pools, pools_from_offset,
+                        known=feature_table(tables[2]))
 
     async def send_durably(output: Output) -> None:
         await (await publish(app, output.topic, output.key, output.value()))

@@ -22,6 +22,8 @@ from dsec.schemas.policies import DecisionKind, PolicyDecision
 
 __all__ = ["AlertConfig", "AlertTracker", "alert_fingerprint", "readings_of", "signal_of"]
 
+_THROTTLE_READINGS = ("gpu_thermal_throttle_events", "gpu_thermal_throttled",
+                      "card_thermal_throttled")
 _READING = re.compile(r"\b([a-z][a-z0-9_]*)=(-?[0-9][0-9.e+-]*|nan|inf)")
 
 
@@ -51,9 +53,10 @@ def readings_of(detail: str) -> dict[str, float]:
 
 
 def signal_of(readings: dict[str, float]) -> str:
-    """Which signal showed a GPU degraded: thermal throttling first, then a gradient-sync
-    time anomaly (p99 far above p50), else the policy's condition as a whole."""
-    if readings.get("gpu_thermal_throttle_events", 0.0) > 0:
+    """Which signal showed a GPU degraded: thermal throttling first (throttle onsets, or
+    the card throttling now as its own probe or the card job tells it), then a
+    gradient-sync time anomaly (p99 far above p50), else the policy's condition as a whole."""
+    if any(readings.get(name, 0.0) > 0 for name in _THROTTLE_READINGS):
         return "thermal_throttle"
     if "grad_sync_latency_p99_ms" in readings:
         return "sync_latency_anomaly"

@@ -24,12 +24,17 @@ class CompiledCondition:
 
     def holds(self, features: Mapping[str, float]) -> bool:
         """True when the condition holds; a feature the target lacks makes it not hold."""
+        return self.outcome(features) is True
+
+    def outcome(self, features: Mapping[str, float]) -> bool | None:
+        """The condition's answer, or None where it cannot be told (a feature it needs is
+        missing and nothing else settles it, CEL's ``true || error`` rule aside)."""
         try:
             result = self._program.evaluate(celpy.json_to_cel(dict(features)))
         except CELEvalError:
-            return False
+            return None
         if isinstance(result, CELEvalError):
-            return False
+            return None
         if not isinstance(result, bool | celtypes.BoolType):
             raise ConditionError(f"{self.expression!r} gave {type(result).__name__}, not bool")
         return bool(result)

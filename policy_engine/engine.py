@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
+from dsec.policy_engine.feature_memory import FeatureMemory, FeatureView, KnownFeatures
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
@@ -68,10 +69,14 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def render_alert(template: str, spec: PolicySpec, event: FeatureEvent) -> str:
-    """Substitutes ``{name}`` from identity, tags and parameters; nothing else is run."""
+def render_alert(template: str, spec: PolicySpec, event: FeatureEvent,
+                 features: dict[str, float] | None = None) -> str:
+    """Substitutes ``{name}`` from identity, tags, the features the condition saw
+    (``features``, else the event's) and parameters; nothing else is run."""
+    seen = event.features if features is None else features
     values = {
         **{k: _number(v) for k, v in spec.params.items()},
+        **{k: _number(v) for k, v in seen.items()},
         **event.tags,
         "job_id": event.identity.job_id,
         "worker_id": event.identity.worker_id,
@@ -81,14 +86,21 @@ def render_alert(template: str, spec: PolicySpec, event: FeatureEvent) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "unknown"), template)
 
 
+def _values(seen: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """The values of ``seen`` (value and age in seconds, by name), without their ages."""
+    return {name: value for name, (value, _age_s) in seen.items()}
+
+
 def _decision(spec: PolicySpec, event: FeatureEvent, kind: DecisionKind, stage: int,
-              detail: str, actuation: str | None = None) -> PolicyDecision:
-    """The audit record of a decision on ``event``'s target, naming its alert and GPU."""
+              detail: str, actuation: str | None = None,
+              features: dict[str, float] | None = None) -> PolicyDecision:
+    """The audit record of a decision on ``event``'s target, naming its alert (rendered
+    with ``features``, the values the condition saw) and GPU."""
     return PolicyDecision(
         event_time_ms=event.event_time_ms, policy_name=spec.name,
         policy_version=spec.version, identity=event.identity, decision=kind,
         stage=stage, actuation_id=actuation, detail=detail[:2048],
-        alert=render_alert(spec.alert, spec, event)[:256] if spec.alert else None,
+        alert=render_alert(spec.alert, spec, event, features)[:256] if spec.alert else None,
         gpu_uuid=event.gpu_uuid, gpu_model=event.tags.get("gpu_model", ""),
     )
 
@@ -101,11 +113,14 @@ class Engine:
         knobs: MutableMapping[str, KnobEntry],
         signer: Signer,
         pools: PoolRegistry | None = None,
+        known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
+        """``known``: each target's last known features (see ``FeatureMemory``)."""
         self.registry = registry
         self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
         self.states = states
         self.knobs = knobs
+        self.memory = FeatureMemory({} if known is None else known)
         self._knobs = KnobBoard(knobs, registry)
         self._signer = signer
         self._tuner = Tuner(registry, self.pools, signer)
@@ -120,16 +135,13 @@ class Engine:
             return out
         units = self._units(events, out)
         names = frozenset().union(*(u.policy.feature_names for u in units))
-        columns = {
-            name: np.fromiter((e.features.get(name, np.nan) for e in events), float, rows)
-            for name in names
-        }
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
+        view = self.memory.view(events, targets, names)
         self._budget.forget_before(max(e.event_time_ms for e in events))
         for unit in units:
             policy = unit.policy
             try:
-                self._evaluate_policy(unit, events, targets, columns, out)
+                self._evaluate_policy(unit, events, targets, view, out)
             except Exception as exc:  # one broken policy must not stop the others
                 log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
                 self._report(policy.spec, f"{type(exc).__name__}: {exc}", out)
@@ -187,23 +199,24 @@ class Engine:
 
     def _evaluate_policy(
         self, unit: _Unit, events: Sequence[FeatureEvent], targets: list[str],
-        columns: dict[str, np.ndarray], out: EngineOutput,
+        view: FeatureView, out: EngineOutput,
     ) -> None:
         policy, spec = unit.policy, unit.spec
         if unit.rows is not None:
-            columns = {name: columns[name][unit.rows] for name in policy.feature_names}
+            view = view.subset(unit.rows)
             events = [events[row] for row in unit.rows]
             targets = [targets[row] for row in unit.rows]
         rows = len(events)
-        # A feature event carries the features its input batch updated. One that carries
-        # none of this policy's features says nothing about it: its state (a ``for:``
-        # timer, a stage, a hold) stays as it was instead of being reset by a row whose
-        # condition is an error for want of data.
-        informed = np.zeros(rows, dtype=bool)
-        for name in policy.feature_names:
-            informed |= ~np.isnan(columns[name])
+        # A feature event carries the features its input batch updated; the others keep
+        # the target's last known values. An event that carries none of this policy's
+        # features says nothing new about it, and a condition that cannot be told for want
+        # of a feature (never reported, or older than ``max_age_s``) is not false: in both
+        # cases the policy's state (a ``for:`` timer, a stage, a hold) stays as it was.
+        informed = view.informed(policy.feature_names)
+        columns = view.columns(policy.feature_names, spec.max_age_s)
         scoped = {**columns, **{k: np.full(rows, v) for k, v in spec.params.items()}}
-        enter = policy.enter.holds(scoped, rows)
+        enter, known = policy.enter.evaluate(scoped, rows)
+        informed &= known
         exit_ = policy.exit.holds(scoped, rows) if policy.exit is not None else ~enter
         climb = [c.holds(scoped, rows) if c is not None else None
                  for c in policy.stage_conditions]
@@ -244,28 +257,37 @@ class Engine:
                     states.pop(key, None)
                 else:
                     states[key] = new
+            if kind is None and not resolved:
+                continue
+            seen = view.seen(row, policy.feature_names)
             if kind is not None:
-                self._act(unit, event, old, new, kind, out)
+                self._act(unit, event, old, new, kind, seen, out)
             if resolved:
-                alert = render_alert(spec.alert or "", spec, event)
+                values = _values(seen)
+                alert = render_alert(spec.alert or "", spec, event, values)
                 out.decisions.append(_decision(spec, event, DecisionKind.RESOLVED, 0,
-                                               f"alert {alert}; the condition no longer holds"))
+                                               f"alert {alert}; the condition no longer holds",
+                                               features=values))
 
     def _act(
         self, unit: _Unit, event: FeatureEvent, old: PolicyState,
-        new: PolicyState, kind: DecisionKind, out: EngineOutput,
+        new: PolicyState, kind: DecisionKind, seen: dict[str, tuple[float, float]],
+        out: EngineOutput,
     ) -> None:
-        policy, spec = unit.policy, unit.spec
+        """``seen``: the values the condition saw, by name, with their ages in seconds."""
+        spec = unit.spec
         detail = ", ".join(
-            f"{name}={event.features[name]:g}"
-            for name in sorted(policy.feature_names) if name in event.features
+            f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
+            for name, (value, age_s) in seen.items()
         )
+        values = _values(seen)
         if spec.alert:
-            detail = f"alert {render_alert(spec.alert, spec, event)}; {detail}"
+            detail = f"alert {render_alert(spec.alert, spec, event, values)}; {detail}"
 
         def audit(decision: DecisionKind, stage: int, text: str,
                   actuation: str | None = None) -> None:
-            out.decisions.append(_decision(spec, event, decision, stage, text, actuation))
+            out.decisions.append(_decision(spec, event, decision, stage, text, actuation,
+                                           values))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
             cooldown_ms = int(cooldown_s(spec, self.limits.cooldown_floor_s) * 1000)

@@ -2,11 +2,11 @@
 audit records, tuned policies and pools and dead letters out, in the order they are to be
 published.
 
-Per (policy, target) state and per (target, knob) ownership live in the mappings it is
-given (Faust tables in the stream job, dicts in tests), so a restarted engine neither
-forgets a pending ``for:`` timer or a staged policy nor fires twice; command ids derive
-from their cause, so a replayed event repeats the same id. The engine runs on the
-features' event times alone: no wall clock is read here.
+Per (policy, target) state, per (target, knob) ownership and per target last known
+features live in the mappings it is given (Faust tables in the stream job, dicts in
+tests), so a restarted engine neither forgets a pending ``for:`` timer or a staged policy
+nor fires twice; command ids derive from their cause, so a replayed event repeats the
+same id. The engine runs on the features' event times alone: no wall clock is read here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.knobs import KnobEntry
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry
@@ -92,14 +93,16 @@ class PolicyAgent:
         policies_from_offset: int = 0,
         pools: PoolRegistry | None = None,
         pools_from_offset: int = 0,
+        known: MutableMapping[str, KnownFeatures] | None = None,
     ) -> None:
         """``registry`` holds the built-in pack and the policies topic read up to
         ``policies_from_offset``, ``pools`` the pools topic read up to ``pools_from_offset``;
-        ``load_policy`` and ``load_pool`` take the topics on from there."""
+        ``load_policy`` and ``load_pool`` take the topics on from there. ``known``: each
+        target's last known features (a dict when not given)."""
         self.topics = topics
         self.registry = registry
         self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
-        self.engine = Engine(registry, states, knobs, signer, self.pools)
+        self.engine = Engine(registry, states, knobs, signer, self.pools, known)
         self.policies_from_offset = policies_from_offset
         self.pools_from_offset = pools_from_offset
         self.counters = EngineCounters()

@@ -1,5 +1,6 @@
-"""The policy engine's state as table bytes: per (policy, target) ``PolicyState``s and per
-(target, knob) ``KnobEntry``s, each kept in a table of one JSON object per worker."""
+"""The policy engine's state as table bytes: per (policy, target) ``PolicyState``s, per
+(target, knob) ``KnobEntry``s and per target ``KnownFeatures``, each kept in a table of one
+JSON object per worker."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from dsec.policy_engine.decide import PolicyState
+from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.knobs import KnobEntry
 
-__all__ = ["WorkerKeyedTable", "knob_table", "state_table", "worker_of_knob", "worker_of_state"]
+__all__ = [
+    "WorkerKeyedTable", "feature_table", "knob_table", "state_table", "worker_of_knob",
+    "worker_of_state", "worker_of_target",
+]
 
 V = TypeVar("V")
 
@@ -24,6 +29,11 @@ def worker_of_state(key: str) -> str:
 def worker_of_knob(key: str) -> str:
     """The worker of a knob key, ``job|worker|knob``."""
     return key.split("|", 2)[1]
+
+
+def worker_of_target(key: str) -> str:
+    """The worker of a target key, ``job|worker``."""
+    return key.split("|", 1)[1]
 
 
 class WorkerKeyedTable(MutableMapping[str, V], Generic[V]):
@@ -84,3 +94,8 @@ def state_table(table: MutableMapping[bytes, bytes]) -> WorkerKeyedTable[PolicyS
 
 def knob_table(table: MutableMapping[bytes, bytes]) -> WorkerKeyedTable[KnobEntry]:
     return WorkerKeyedTable(table, worker_of_knob, KnobEntry.to_json, KnobEntry.from_json)
+
+
+def feature_table(table: MutableMapping[bytes, bytes]) -> WorkerKeyedTable[KnownFeatures]:
+    return WorkerKeyedTable(table, worker_of_target, KnownFeatures.to_json,
+                            KnownFeatures.from_json)

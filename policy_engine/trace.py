@@ -4,12 +4,13 @@ with the same engine the stream job runs, and report what they would have done."
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
 from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode
@@ -37,10 +38,12 @@ def read_trace(path: Path) -> Iterator[FeatureEvent]:
 def replay(
     policies: Iterable[PolicySpec], events: Iterable[FeatureEvent], batch_size: int = 1,
     pools: Iterable[PoolSpec] = (),
+    known: MutableMapping[str, KnownFeatures] | None = None,
 ) -> Replay:
     """Event-time order, ``batch_size`` events per evaluation; a meta-policy's new
     versions take effect at once, as they would once back from the policies and pools
-    topics."""
+    topics. ``known``: the targets' last known features to start from and to keep (a
+    fresh memory when not given)."""
     # Offline: the policies and pools are trusted as given, signed with a key of the
     # moment's, and what the engine signs goes nowhere.
     signer = HmacSigner(secrets.token_bytes(32))
@@ -49,13 +52,13 @@ def replay(
         decision = registry.install(signer.sign(policy))
         if decision is not None and decision.decision == "policy_rejected":
             raise PolicyRejected(f"{policy.name}: {decision.detail}")
-    known = PoolRegistry(registry.verifier)
+    pool_registry = PoolRegistry(registry.verifier)
     for pool in pools:
-        decision = known.install(signer.sign(pool))
+        decision = pool_registry.install(signer.sign(pool))
         if decision is not None and decision.decision == "pool_rejected":
             raise PolicyRejected(f"pool {pool.name}: {decision.detail}")
     result = Replay()
-    engine = Engine(registry, result.states, {}, signer, known)
+    engine = Engine(registry, result.states, {}, signer, pool_registry, known)
     ordered = sorted(events, key=lambda e: e.event_time_ms)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start:start + batch_size]

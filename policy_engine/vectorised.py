@@ -264,15 +264,24 @@ class VectorCondition:
         return self._node is not None
 
     def holds(self, columns: Columns, rows: int) -> np.ndarray:
+        return self.evaluate(columns, rows)[0]
+
+    def evaluate(self, columns: Columns, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(holds, known): ``known`` is False on rows whose answer cannot be told for want
+        of a feature (CEL's error), and ``holds`` is False there too."""
         if self._node is not None:
             result = self._node(columns, rows)
-            return result.values & ~result.errors
-        return self.holds_scalar(columns, rows)
+            return result.values & ~result.errors, ~result.errors
+        return self.evaluate_scalar(columns, rows)
 
     def holds_scalar(self, columns: Columns, rows: int) -> np.ndarray:
         """cel-python, one row at a time: the reference the compiled path must match."""
+        return self.evaluate_scalar(columns, rows)[0]
+
+    def evaluate_scalar(self, columns: Columns, rows: int) -> tuple[np.ndarray, np.ndarray]:
         names = [name for name in self.names if name in columns]
         out = np.zeros(rows, dtype=bool)
+        known = np.zeros(rows, dtype=bool)
         for row in range(rows):
             activation = {}
             for name in names:
@@ -280,12 +289,16 @@ class VectorCondition:
                 if value == value:  # NaN: the target lacks this feature
                     activation[name] = value
             try:
-                out[row] = self._scalar.holds(activation)
+                outcome = self._scalar.outcome(activation)
             except ConditionError as exc:
                 # Not a boolean for this row (only an uncovered expression can get here):
                 # it does not hold, and the engine reports it.
                 self.last_error = str(exc)
-        return out
+                known[row] = True
+                continue
+            out[row] = outcome is True
+            known[row] = outcome is not None
+        return out, known
 
 
 def _identifiers(tree: Tree) -> set[str]:

@@ -88,13 +88,25 @@ WORKER_FEATURES: dict[str, str] = {
     "reward_episodes": "episodes in the reward window (count)",
     "reward_variance_jump_ratio": "reward variance of this window over the previous one",
     "reward_variance_time_window": "reward variance over the last time window (60 s default)",
+    "reward_time_window_episodes": "episodes the time-window variance is taken over: those of "
+                                   "the last 60 s, at least 3 and at most 20 (count)",
+    "reward_volatility_ratio": "sample variance of the returns of the time window over that "
+                               "of the returns kept before it, up to 40 episodes back (ratio)",
+    "reward_volatility_chance_per_h": "how often per hour a variance ratio that large would "
+                                      "come by chance (its F-test tail probability times "
+                                      "the worker's episodes per hour)",
     "episode_length_mean": "mean episode length over the window (steps)",
     "episode_length_cv": "coefficient of variation of the episode length (ratio)",
     "episode_same_end_streak": "consecutive episodes that ended with the same reason (count)",
+    "episode_end_streak_chance_per_h": "how often per hour a run that long of that ending "
+                                       "would come by chance: the ending's largest likely "
+                                       "share (95 % upper bound) of the worker's last 200 "
+                                       "endings before the run, to the run's length, times "
+                                       "the worker's episodes per hour",
     "grad_norm": "latest gradient L2 norm",
     "grad_norm_log_slope": "least-squares slope of log(grad norm) against step (1/step)",
-    "grad_norm_jumps": "swings of the gradient norm by 10x or more between consecutive "
-                       "steps, over the last 32 steps",
+    "grad_norm_jumps": "swings of the gradient norm by 20x or more between consecutive "
+                       "steps (micro-steps while accumulating), over the last 32 (count)",
     "grad_norm_spike_z": "largest robust z-score (median, 1.4826 MAD) of the batch's new "
                          "gradient norms, against the window before the batch",
     "grad_nonfinite_count": "steps with NaN/Inf gradients in the window (count)",
@@ -105,11 +117,26 @@ WORKER_FEATURES: dict[str, str] = {
     "grad_sync_bytes_per_s": "gradient upload rate over the window (bytes/s)",
     "grad_sync_success_rate": "successful syncs over all syncs in the window (ratio)",
     "grad_sync_bandwidth_jitter": "coefficient of variation of per-sync throughput (ratio)",
-    "gpu_memory_used_bytes": "latest device memory in use (bytes)",
-    "gpu_memory_growth_bytes_per_s": "least-squares growth of device memory in use (bytes/s)",
-    "gpu_utilisation_pct": "latest device utilisation (percent)",
-    "gpu_temperature_c": "latest device temperature (degrees C)",
-    "gpu_thermal_throttle_events": "samples with thermal clock throttling in the window (count)",
+    "gpu_memory_used_bytes": "latest card-wide device memory in use, every process on the "
+                             "card (bytes; the fullest of the worker's GPUs)",
+    "gpu_memory_growth_bytes_per_s": "least-squares growth of card-wide device memory in use "
+                                     "over the last 64 samples (bytes/s; the fastest GPU)",
+    "gpu_process_memory_bytes": "device memory the worker's own process holds: NVML's "
+                                "per-process figure or the CUDA allocator's reserved bytes, "
+                                "the larger (bytes; summed over its GPUs)",
+    "gpu_utilisation_pct": "latest device utilisation (percent; the mean of the worker's GPUs)",
+    "gpu_temperature_c": "latest device temperature (degrees C; the hottest GPU)",
+    "gpu_thermal_throttle_events": "onsets of thermal clock throttling since the stream job "
+                                   "first saw the GPU (count; summed over the worker's GPUs)",
+    "gpu_thermal_throttled": "1 while a GPU the worker samples throttles for heat, else 0",
+    "card_thermal_throttled": "1 while the worker's card throttles for heat by any sampling "
+                              "process on it, else 0 (from the card job)",
+    "card_workers": "workers the card job knows on the worker's card (count)",
+    "cuda_memory_allocated_bytes": "CUDA allocator's bytes in tensors (bytes; its devices)",
+    "cuda_memory_reserved_bytes": "CUDA allocator's bytes reserved (bytes; its devices)",
+    "cuda_memory_fragmentation_ratio": "reserved bytes holding no tensor, of those reserved "
+                                       "(ratio)",
+    "cuda_oom_count": "out-of-memory errors the CUDA allocator reported (count)",
     "heartbeat_age_s": "seconds since the worker's last heartbeat",
     "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
     "probe_samples_dropped": "samples the probe dropped since it started (count)",

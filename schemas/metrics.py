@@ -106,6 +106,9 @@ class GpuSample(_Sample):
     sm_clock_mhz: NonNegative | None = None
     throttle_reasons: NonNegativeInt = 0
     power_w: NonNegative | None = None
+    # What the reporting process itself holds on this GPU (NVML's per-process figure),
+    # beside the card-wide ``memory_used_bytes``; None where it cannot be read.
+    process_memory_used_bytes: NonNegativeInt | None = None
 
 
 class GradSyncSample(_Sample):

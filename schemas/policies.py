@@ -126,6 +126,10 @@ class PolicySpec(Model):
     # condition does not hold), so a signal hovering at the threshold cannot flap.
     exit_condition: Condition | None = None
     for_s: Seconds = 0.0
+    # The oldest feature value (seconds since the target reported it) a condition takes;
+    # an older one counts as missing, which leaves the policy's state as it was. None:
+    # any age (a feature an event does not carry keeps its last known value).
+    max_age_s: Annotated[float, Field(gt=0, le=30 * 86400)] | None = None
     cooldown_s: Seconds = 60.0
     stage_interval_s: Seconds = 30.0
     hold_s: Seconds = 60.0

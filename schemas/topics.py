@@ -33,6 +33,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("features", "features.v1", 6, 3 * DAY_MS, key="worker_id"),
         TopicSpec("gpu_profiles", "gpu-profiles.v1", 6, -1, compacted=True,
                   key="gpu_uuid/worker_id"),
+        TopicSpec("gpu_cards", "gpu-cards.v1", 6, DAY_MS, key="gpu_uuid"),
         TopicSpec("policies", "policies.v1", 1, -1, compacted=True, key="policy name"),
         TopicSpec("pools", "pools.v1", 1, -1, compacted=True, key="pool name"),
         TopicSpec("actuations", "actuations.v1", 6, DAY_MS, key="node_id"),
@@ -60,6 +61,7 @@ class TopicNames:
     metrics: str
     features: str
     gpu_profiles: str
+    gpu_cards: str
     policies: str
     pools: str
     actuations: str

@@ -75,7 +75,7 @@ def register_metrics_job(
             if output is not None:
                 sends.append(await send(output))
         result = batch.finish()
-        for output in result.gpu_profiles:
+        for output in result.after_records:
             sends.append(await send(output))
         # Outputs first, state second: a crash in between replays the batch, which derives
         # the same outputs under the same ids (deduplicated downstream).

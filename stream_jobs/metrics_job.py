@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,12 +25,13 @@ from dsec.schemas import (
     WorkerIdentity,
     now_ms,
 )
+from dsec.schemas.cards import CardReport
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
-from dsec.stream_jobs import finite, worker_features
+from dsec.stream_jobs import card_reports, finite, worker_features
 from dsec.stream_jobs.runtime_features import runtime_features
 from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution
 from dsec.stream_jobs.worker_state import WorkerState
@@ -51,6 +52,7 @@ class JobCounters:
     dead_letters: int = 0
     features_out: int = 0
     gpu_profiles_out: int = 0
+    card_reports_out: int = 0
 
 
 def derived_event_id(*parts: object) -> str:
@@ -62,11 +64,15 @@ def derived_event_id(*parts: object) -> str:
 class BatchResult:
     """What one batch of records gave: ``per_record`` (a feature event or a dead letter for
     each record that gave one, in the records' order), then ``gpu_profiles`` (the latest
-    contribution per GPU and worker), and the worker states to save once they are out.
-    ``derived``: per worker, the features of each of its records, for telemetry."""
+    contribution per GPU and worker), ``per_gpu`` (the feature events per GPU of workers
+    on several), ``card_reports`` (to the card job), and the worker states to save once
+    they are out. ``derived``: per worker, the features of each of its records, for
+    telemetry."""
 
     per_record: list[Output] = field(default_factory=list)
     gpu_profiles: list[Output] = field(default_factory=list)
+    per_gpu: list[Output] = field(default_factory=list)
+    card_reports: list[Output] = field(default_factory=list)
     states: dict[str, WorkerState] = field(default_factory=dict)
     derived: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     recovery_times_s: list[np.ndarray] = field(default_factory=list)
@@ -74,7 +80,12 @@ class BatchResult:
 
     @property
     def outputs(self) -> list[Output]:
-        return [*self.per_record, *self.gpu_profiles]
+        return [*self.per_record, *self.after_records]
+
+    @property
+    def after_records(self) -> list[Output]:
+        """What ``finish`` adds to the per-record outputs, in the order to publish it."""
+        return [*self.gpu_profiles, *self.per_gpu, *self.card_reports]
 
 
 @dataclass
@@ -107,16 +118,19 @@ class MetricsJob:
         config: FeatureConfig | None = None,
         event_times: EventTimeWindow | None = None,
         clock_ms: Callable[[], int] = now_ms,
+        card_report_interval_s: float = 30.0,
     ) -> None:
         """``states``: worker id -> state. ``event_times``: the sample times the store
         keeps; batches with samples outside it are dead-lettered (the default: the store's
         default window). ``clock_ms``: the wall clock (epoch ms) that stamps each output
-        as it is made."""
+        as it is made. ``card_report_interval_s``: how often a worker's membership of its
+        cards is told again to the card job while nothing about it changes."""
         self.topics = topics
         self.states = states
         self.config = config or FeatureConfig()
         self.event_times = event_times or EventTimeWindow()
         self.clock_ms = clock_ms
+        self.card_report_interval_ms = int(card_report_interval_s * 1000)
         self.counters = JobCounters()
         # partition -> the highest source offset processed here: a worker is judged silent
         # only where everything on its partition has been read.
@@ -171,12 +185,16 @@ class MetricsJob:
 
     def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
                        event_id: str, tags: dict[str, str] | None = None,
-                       state: WorkerState | None = None) -> Output:
-        """``state``: the worker's, for the UUID and model of its GPU."""
+                       state: WorkerState | None = None, gpu_uuid: str | None = None,
+                       window: str = "rolling") -> Output:
+        """``state``: the worker's, for the model of its GPU. ``gpu_uuid``: the GPU the
+        event is about; by default the GPU the worker sampled last."""
         latest = state.latest_gpu() if state is not None else None
+        if gpu_uuid is None and latest is not None:
+            gpu_uuid = latest[0]
         event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
-                             identity=identity, gpu_uuid=latest[0] if latest else None,
-                             window="rolling", features=values,
+                             identity=identity, gpu_uuid=gpu_uuid, window=window,
+                             features=values,
                              tags={**target_tags(identity, state), **(tags or {})})
         return Output(self.topics.features, identity.worker_id.encode(), event)
 
@@ -195,6 +213,7 @@ class MetricsBatch:
         self._batch_ms = batch_ms
         self._result = BatchResult()
         self._gpus: dict[tuple[str, str], tuple[WorkerIdentity, GpuContribution, Record]] = {}
+        self._per_gpu: dict[tuple[str, str], Output] = {}
 
     def add(self, record: Record) -> Output | None:
         job, result = self._job, self._result
@@ -224,9 +243,17 @@ class MetricsBatch:
             result.recovery_times_s.append(frames["recovery"]["recovery_time_s"])
         if "runtime" in frames:
             update.features.update(runtime_features(frames["runtime"]))
-        result.states[worker] = update.state
+        result.states[worker] = self._tell_cards(update.state, batch.gpu_uuid, update.gpus,
+                                                 record)
         for contribution in update.gpus:
             self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)
+        for uuid, values in update.gpu_features.items():
+            model = update.state.gpus[uuid].model
+            self._per_gpu[(uuid, worker)] = job.feature_output(
+                batch.identity, values,
+                derived_event_id("gpu-features", uuid, worker, record.partition, record.offset),
+                {"gpu_model": model[:128]} if model else None,
+                gpu_uuid=uuid, window=worker_features.GPU_WINDOW)
         if not update.features:
             return None
         # One feature event per input message, with an id derived from it.
@@ -237,6 +264,28 @@ class MetricsBatch:
         result.derived.setdefault(worker, []).append(update.features)
         job.counters.features_out += 1
         return output
+
+    def _tell_cards(self, state: WorkerState, named: str | None,
+                    contributions: list[GpuContribution], record: Record) -> WorkerState:
+        """The worker's state with its cards as told to the card job in this batch."""
+        job = self._job
+        assert state.identity is not None  # an update always leaves the identity
+        readings = {c.gpu_uuid: state.gpus[c.gpu_uuid].throttled for c in contributions}
+        cards, news = card_reports.card_news(
+            state.cards, [named] if named else [], readings, self._batch_ms,
+            job.card_report_interval_ms)
+        for item in news:
+            report = CardReport(
+                event_id=derived_event_id("card-report", item.gpu_uuid,
+                                          state.identity.worker_id, record.partition,
+                                          record.offset),
+                event_time_ms=self._batch_ms, gpu_uuid=item.gpu_uuid,
+                identity=state.identity, reports_card=item.reports_card,
+                throttled=item.throttled)
+            self._result.card_reports.append(
+                Output(job.topics.gpu_cards, item.gpu_uuid.encode(), report))
+        job.counters.card_reports_out += len(news)
+        return replace(state, cards=cards) if news else state
 
     def _dead_letter(self, record: Record, reason: str) -> Output:
         output = self._job.dead_letter_output(record, reason)
@@ -259,4 +308,6 @@ class MetricsBatch:
             )
             self._result.gpu_profiles.append(Output(topic, f"{uuid}/{worker}".encode(), profile))
         self._job.counters.gpu_profiles_out += len(self._gpus)
+        self._result.per_gpu = list(self._per_gpu.values())
+        self._job.counters.features_out += len(self._per_gpu)
         return self._result

@@ -15,7 +15,7 @@ import numpy as np
 from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
-from dsec.stream_jobs import stats
+from dsec.stream_jobs import episode_endings, gpu_features, reward_volatility, stats
 from dsec.stream_jobs.worker_state import (
     RECENT_BATCHES,
     RECENT_OFFSETS,
@@ -30,9 +30,14 @@ from dsec.stream_jobs.worker_state import (
 )
 
 __all__ = [
-    "RECENT_BATCHES", "RECENT_OFFSETS", "FeatureConfig", "GpuContribution", "Update",
+    "GPU_WINDOW", "RECENT_BATCHES", "RECENT_OFFSETS", "FeatureConfig", "GpuContribution", "Update",
     "already_seen", "liveness", "update",
 ]
+
+
+# The window of a feature event that holds one GPU's features of a worker on several (the
+# worker's own events hold its features over all of them).
+GPU_WINDOW = "gpu"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,12 @@ class FeatureConfig:
     # Healthy PPO here swung by 20x at most 3 times in 32 steps (by 10x up to 7 times).
     jump_window_steps: int = 32
     jump_ratio: float = 20.0
+    # The time window's variance needs this many episodes in it, and this many before it.
+    reward_time_window_min_episodes: int = 3
+    reward_time_window_min_before: int = 10
+    # How many of its endings a worker's run of one ending is judged against, at least.
+    end_history_episodes: int = 200
+    end_min_history_episodes: int = 5
     sync_window_samples: int = 512
     gpu_window_samples: int = 64
     regime_bounds_steps: tuple[float, float] = (100.0, 300.0)
@@ -69,6 +80,9 @@ class Update:
     features: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     gpus: list[GpuContribution] = field(default_factory=list)
+    # Per GPU of a worker on several: that GPU's own features (the worker's are in
+    # ``features``).
+    gpu_features: dict[str, dict[str, float]] = field(default_factory=dict)
     skipped: bool = False
 
 
@@ -123,6 +137,7 @@ def update(
     out = Update(state=state)
     episodes, steps, syncs = state.episodes, state.steps, state.syncs
     gpus, jitter, heartbeat = state.gpus, state.bandwidth_jitter, state.heartbeat
+    cuda_devices = state.cuda_devices
     if "episode" in frames:
         episodes = _episodes(episodes, frames["episode"], config, out.features)
         if episodes.last_end_reason is not None:
@@ -134,6 +149,11 @@ def update(
         syncs = _syncs(syncs, frames["grad_sync"], config, out.features)
     if "gpu" in frames:
         gpus, jitter = _gpus(gpus, jitter, episodes.lengths_steps, frames["gpu"], config, out)
+    if "cuda_memory" in frames:
+        cuda_devices = gpu_features.cuda_devices_after(cuda_devices, frames["cuda_memory"])
+        out.features.update(gpu_features.cuda_features(cuda_devices))
+    if "gpu" in frames or "cuda_memory" in frames:
+        out.features.update(gpu_features.worker_gpu_features(gpus, cuda_devices))
     if "heartbeat" in frames:
         heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
     if "cuda_memory" in frames and len(frames["cuda_memory"]["oom_count"]):
@@ -147,7 +167,7 @@ def update(
         identity=state.identity if identity is None else identity, partition=partition,
         recent_offsets=offsets, recent_batch_ids=batch_ids, episodes=episodes, steps=steps,
         syncs=syncs, gpus=gpus, bandwidth_jitter=jitter, heartbeat=heartbeat,
-        recoveries=recoveries)
+        cuda_devices=cuda_devices, recoveries=recoveries)
     return out
 
 
@@ -181,17 +201,26 @@ def _episodes(window: EpisodeWindow, frame: Frame, config: FeatureConfig,
     times = np.asarray(reward_times_ms, dtype=np.int64)
     recent = np.asarray(rewards)[times >= times.max() - config.reward_time_window_s * 1e3]
     out["reward_variance_time_window"] = stats.mean_variance(recent.tolist()).variance
+    rate_per_hour = episode_endings.episodes_per_hour(reward_times_ms)
+    out.update(reward_volatility.volatility_features(
+        rewards, reward_times_ms, config.reward_time_window_s,
+        config.reward_time_window_min_episodes, size, config.reward_time_window_min_before,
+        rate_per_hour))
     lengths_array = np.asarray(lengths, dtype=np.float64)
     out["episode_length_mean"] = float(lengths_array.mean())
     out["episode_length_cv"] = stats.coefficient_of_variation(lengths_array)
-    streak, last = window.same_end_streak_episodes, window.last_end_reason
-    for reason in frame["termination_reason"]:
-        streak = streak + 1 if (reason is not None and reason == last) else 1
-        last = reason
+    reasons = frame["termination_reason"].tolist()
+    streak, last = episode_endings.next_streak(
+        window.same_end_streak_episodes, window.last_end_reason, reasons)
     out["episode_same_end_streak"] = float(streak if last is not None else 0)
+    history = _tail(window.end_reasons, ["" if r is None else str(r) for r in reasons],
+                    config.end_history_episodes)
+    out.update(episode_endings.end_features(
+        history, streak, last, rate_per_hour, config.end_min_history_episodes))
     return EpisodeWindow(rewards=rewards, reward_times_ms=reward_times_ms,
                          lengths_steps=lengths, episodes_total=episodes_total,
-                         same_end_streak_episodes=streak, last_end_reason=last)
+                         same_end_streak_episodes=streak, last_end_reason=last,
+                         end_reasons=history)
 
 
 def _steps(window: StepWindow, frame: Frame, config: FeatureConfig,
@@ -298,7 +327,10 @@ def _gpus(gpus: dict[str, GpuState], jitter: float, lengths_steps: list[int], fr
             thermal_throttle_events=gpu.throttle_onset_count, bandwidth_jitter=jitter,
             samples=gpu.sample_count,
         ))
-        _gpu_features(gpu, frame, rows, out.features)
+    if len(gpus) > 1:
+        for contribution in out.gpus:
+            out.gpu_features[contribution.gpu_uuid] = gpu_features.gpu_features(
+                gpus[contribution.gpu_uuid])
     return gpus, jitter
 
 
@@ -326,6 +358,12 @@ def _gpu(previous: GpuState | None, frame: Frame, rows: np.ndarray, regime: str,
     )
     size = config.gpu_window_samples
     return GpuState(
+        process_used_bytes=_last_finite(frame["process_memory_used_bytes"][rows],
+                                        previous.process_used_bytes if previous else None, int),
+        temperature_c=_last_finite(frame["temperature_c"][rows],
+                                   previous.temperature_c if previous else None, float),
+        utilisation_pct=_last_finite(frame["utilisation_pct"][rows],
+                                     previous.utilisation_pct if previous else None, float),
         model=str(frame["gpu_model"][rows][-1]),
         last_time_ms=int(times[-1]), last_used_bytes=int(used[-1]), last_regime=regime,
         growth_by_regime=totals,
@@ -337,21 +375,10 @@ def _gpu(previous: GpuState | None, frame: Frame, rows: np.ndarray, regime: str,
     )
 
 
-def _gpu_features(gpu: GpuState, frame: Frame, rows: np.ndarray,
-                  out: dict[str, float]) -> None:
-    out["gpu_memory_used_bytes"] = float(gpu.last_used_bytes)
-    growth = stats.linear_slope(
-        np.asarray(gpu.recent_times_ms) / 1000.0, np.asarray(gpu.recent_used_bytes)
-    )
-    if growth is not None:
-        out["gpu_memory_growth_bytes_per_s"] = growth
-    out["gpu_thermal_throttle_events"] = float(gpu.throttle_onset_count)
-    utilisation = frame["utilisation_pct"][rows]
-    if np.isfinite(utilisation[-1]):
-        out["gpu_utilisation_pct"] = float(utilisation[-1])
-    temperature = frame["temperature_c"][rows]
-    if np.isfinite(temperature[-1]):
-        out["gpu_temperature_c"] = float(temperature[-1])
+def _last_finite(values: np.ndarray, before, kind):
+    """The last reading that is there (NaN: not read), else the one before."""
+    there = values[np.isfinite(values)]
+    return kind(there[-1]) if there.size else before
 
 
 def _heartbeats(frame: Frame, now_ms: int, out: dict[str, float]) -> Heartbeat:

@@ -16,8 +16,8 @@ import orjson
 from dsec.schemas import WorkerIdentity
 
 __all__ = [
-    "EpisodeWindow", "GpuState", "Heartbeat", "Recoveries", "RegimeGrowthTotals", "StepWindow",
-    "SyncWindow", "WorkerState", "WorkerStateTable",
+    "CardSeen", "CudaDevice", "EpisodeWindow", "GpuState", "Heartbeat", "Recoveries",
+    "RegimeGrowthTotals", "StepWindow", "SyncWindow", "WorkerState", "WorkerStateTable",
 ]
 
 # The layout of the table's bytes; entries without it are the plain dicts of before.
@@ -37,6 +37,9 @@ class EpisodeWindow:
     episodes_total: int = 0
     same_end_streak_episodes: int = 0
     last_end_reason: str | None = None
+    # The worker's own recent endings, oldest first ("" for an episode without a reason):
+    # what a streak's ending is judged rare against.
+    end_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,10 @@ class GpuState:
     sample_count: int = 0
     recent_times_ms: list[int] = field(default_factory=list)
     recent_used_bytes: list[int] = field(default_factory=list)
+    # The last readings of the rest, for the worker's features over all its GPUs.
+    process_used_bytes: int | None = None
+    temperature_c: float | None = None
+    utilisation_pct: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**_fields(self), "growth_by_regime": {
@@ -103,6 +110,26 @@ class GpuState:
         growth = {name: RegimeGrowthTotals(*pair)
                   for name, pair in data.get("growth_by_regime", {}).items()}
         return cls(**{**data, "growth_by_regime": growth})
+
+
+@dataclass(frozen=True, slots=True)
+class CudaDevice:
+    """The last ``torch.cuda.memory_stats`` of one device the worker's process uses."""
+
+    time_ms: int
+    allocated_bytes: int
+    reserved_bytes: int
+    fragmentation_ratio: float = 0.0
+    oom_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CardSeen:
+    """A card the worker is on, as last told to the card job: when, and what it said."""
+
+    reported_ms: int
+    reports_card: bool = False
+    throttled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +157,8 @@ class WorkerState:
     gpus: dict[str, GpuState] = field(default_factory=dict)
     bandwidth_jitter: float = 0.0
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    cuda_devices: dict[int, CudaDevice] = field(default_factory=dict)
+    cards: dict[str, CardSeen] = field(default_factory=dict)
     recoveries: Recoveries = field(default_factory=Recoveries)
 
     def latest_gpu(self) -> tuple[str, str] | None:
@@ -152,6 +181,9 @@ class WorkerState:
             "gpus": {uuid: gpu.to_json() for uuid, gpu in self.gpus.items()},
             "bandwidth_jitter": self.bandwidth_jitter,
             "heartbeat": _fields(self.heartbeat),
+            "cuda_devices": {str(index): _fields(device)
+                             for index, device in self.cuda_devices.items()},
+            "cards": {uuid: _fields(card) for uuid, card in self.cards.items()},
             "recoveries": _fields(self.recoveries),
         }
 
@@ -171,6 +203,9 @@ class WorkerState:
             gpus={uuid: GpuState.from_json(gpu) for uuid, gpu in data["gpus"].items()},
             bandwidth_jitter=data["bandwidth_jitter"],
             heartbeat=Heartbeat(**data["heartbeat"]),
+            cuda_devices={int(index): CudaDevice(**device)
+                          for index, device in data.get("cuda_devices", {}).items()},
+            cards={uuid: CardSeen(**card) for uuid, card in data.get("cards", {}).items()},
             recoveries=Recoveries(**data.get("recoveries", {})),
         )
 

@@ -7,15 +7,19 @@ from types import SimpleNamespace
 
 class NvmlTestDouble:
     """Stands in for the ``pynvml`` functions the sampler calls: two GPUs, the second one
-    without power readings, as some boards are."""
+    without power readings, as some boards are. ``processes``: per GPU index, the compute
+    processes on it as (pid, bytes it holds); ``used_bytes`` is each card's total."""
 
     class NVMLError(Exception):
         pass
 
-    def __init__(self) -> None:
+    def __init__(self, processes: dict[int, list[tuple[int, int]]] | None = None,
+                 used_bytes: list[int] | None = None) -> None:
         self.initialised = False
         self.shut_down = False
-        self.used_bytes = [1 << 30, 2 << 30]
+        self.used_bytes = used_bytes or [1 << 30, 2 << 30]
+        self.processes = processes or {}
+        self.throttle_reasons = [0x20, 0x20]  # SW thermal slowdown
 
     def nvmlInit(self) -> None:
         self.initialised = True
@@ -38,6 +42,10 @@ class NvmlTestDouble:
     def nvmlDeviceGetMemoryInfo(self, handle: int):
         return SimpleNamespace(used=self.used_bytes[handle], total=80 << 30, free=0)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used)
+                for pid, used in self.processes.get(handle, [])]
+
     def nvmlDeviceGetUtilizationRates(self, handle: int):
         return SimpleNamespace(gpu=87, memory=40)
 
@@ -50,7 +58,7 @@ class NvmlTestDouble:
         return 1755
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
-        return 0x20  # SW thermal slowdown
+        return self.throttle_reasons[handle]
 
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
         if handle == 1:

@@ -180,16 +180,41 @@ def list_policies(
 @policy_app.command("test")
 def test(
     file: Path,
-    trace: Annotated[Path, typer.Option(help="Feature events, one JSON object a line.")],
+    trace: Annotated[Path | None, typer.Option(
+        help="Feature events, one JSON object a line.")] = None,
+    against_history: Annotated[bool, typer.Option(
+        "--against-history", help="Replay the stored features (ClickHouse) instead.")] = False,
+    since: Annotated[str, typer.Option(
+        help="With --against-history: from when (2h, 30m, 1d, or an ISO date and time).")
+    ] = "1h",
+    job: Annotated[str | None, typer.Option(
+        help="With --against-history: one job's features only.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object a decision.")] = False,
 ) -> None:
-    """Evaluate FILE offline against a recorded TRACE and print what it would have done."""
+    """Evaluate FILE offline against a recorded TRACE, or the stored history, and print
+    what it would have done."""
     from dsec.policy_engine.trace import read_trace, replay
-    from dsec.schemas import DecodeError
+    from dsec.schemas import DecodeError, now_ms
 
-    spec = _load(file)
+    if (trace is None) == (not against_history):
+        err_console.print("[red]give --trace or --against-history (one of them)[/red]")
+        raise typer.Exit(2)
+    settings = DsecSettings()
+    spec = _load(file, settings)
     try:
-        result = replay([spec], read_trace(trace))
+        if trace is not None:
+            events = list(read_trace(trace))
+        else:
+            from dsec.history import HistoryError
+            from dsec.history_features import parse_since, stored_feature_events
+
+            try:
+                events = list(stored_feature_events(
+                    settings, parse_since(since, now_ms()), job_id=job))
+            except (HistoryError, ValueError) as exc:
+                err_console.print(f"[red]{exc}[/red]")
+                raise typer.Exit(2) from None
+        result = replay([spec], events)
     except DecodeError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
@@ -208,8 +233,9 @@ def test(
         else:
             print(f"{row['event_time_ms']} {row['worker_id']} {row['decision']} "
                   f"stage={row['stage']} {json.dumps(row['action'])} {row['detail']}")
+    workers = {c.target.worker_id for c in result.output.commands}
     summary = (f"{result.events} events, {len(result.output.decisions)} decisions, "
-               f"{len(result.output.commands)} commands")
+               f"{len(result.output.commands)} commands on {len(workers)} workers")
     err_console.print(summary) if as_json else console.print(summary)
 
 

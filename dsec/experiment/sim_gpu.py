@@ -21,6 +21,7 @@ held) makes the next allocation fail, as on a real card.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -235,6 +236,10 @@ class SimulatedGpu:
         used = self.used_bytes
         return SimpleNamespace(used=used, total=self.spec.total_bytes,
                                free=self.spec.total_bytes - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        # The card's one process is the worker driving it (this process).
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.used_bytes)]
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(gpu=round(self.utilisation_pct()), memory=0)

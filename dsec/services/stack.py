@@ -37,6 +37,7 @@ from dsec.schemas.settings import DsecSettings
 from dsec.services.alert_notifier import AlertNotifier
 from dsec.services.personality import PersonalityService
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
+from dsec.stream_jobs.card_agent import CARD_JOB_TABLES, register_card_job
 from dsec.stream_jobs.fleet_agent import FLEET_JOB_TABLES, register_fleet_job
 from dsec.stream_jobs.fleet_features import FleetConfig
 from dsec.stream_jobs.worker_features import FeatureConfig
@@ -245,17 +246,20 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
         services_by_topic: dict[str, str] = {}
         if "stream-jobs" in options.services:
             ensure_changelog_topics(settings, app.conf.id,
-                                    [*METRICS_JOB_TABLES, *FLEET_JOB_TABLES],
+                                    [*METRICS_JOB_TABLES, *CARD_JOB_TABLES,
+                                     *FLEET_JOB_TABLES],
                                     app.conf.topic_partitions)
             register_metrics_job(
                 app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
                 metrics=metrics, event_times=settings.event_time_window(),
             )
+            register_card_job(app, topics)
             register_fleet_job(
                 app, topics, FleetConfig(window_s=settings.fleet_window_s,
                                          publish_interval_s=settings.fleet_publish_interval_s),
                 metrics=metrics)
             services_by_topic.update({topics.metrics: "stream-jobs",
+                                      topics.gpu_cards: "stream-jobs",
                                       topics.fleet_inputs: "stream-jobs"})
         if "policy-engine" in options.services:
             register_policy_engine(app, settings, metrics=metrics)

@@ -155,7 +155,23 @@ def raw_table_statements(ttl_days: int) -> list[str]:
     return statements
 
 
+def _add_missing_raw_columns(client: Client) -> None:
+    """A field added to a sample kind since the store was made gets its column."""
+    existing = {(table, name) for table, name in client.query(
+        "SELECT table, name FROM system.columns WHERE database = currentDatabase()"
+    ).result_rows}
+    for kind, fields in FIELD_DTYPES.items():
+        table = raw_table_name(kind)
+        for name, dtype in fields.items():
+            if name != "event_time_ms" and (table, name) not in existing:
+                client.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
+                               f"{_clickhouse_type(dtype)}")
+
+
 def ensure_schema(client: Client, ttl_days: int = 30) -> None:
     """Creates the history tables if they are missing; safe to run at every start."""
-    for statement in schema_statements(ttl_days) + raw_table_statements(ttl_days):
+    *tables, view = schema_statements(ttl_days) + raw_table_statements(ttl_days)
+    for statement in tables:
         client.command(statement)
+    _add_missing_raw_columns(client)
+    client.command(view)  # the raw_metrics view over every column, the added ones too

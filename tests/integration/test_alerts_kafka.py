@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from feature_values import HEALTHY
+from feature_values import STUCK as STUCK_RUN
 from helpers import start_stack, stop_stack, wait_for
 from webhook_server import RecordingWebhook
 
@@ -19,6 +20,8 @@ from dsec.schemas.settings import DsecSettings
 
 pytestmark = pytest.mark.integration
 STUCK = "Agent_42_episode_stuck_collision_3x"
+# A card throttling now, after two onsets.
+HOT = {"gpu_thermal_throttle_events": 2.0, "gpu_thermal_throttled": 1.0}
 
 
 def _events(worker: str, features: dict, seconds: int, start_ms: int, **tags: str):
@@ -41,10 +44,10 @@ def test_alert_reaches_a_receiver_once_and_its_resolution_follows(kafka_bootstra
     # stuck-episode policy comes down after 60 s calm); GPU-hot throttles for 10 s, then
     # not any more.
     features = [
-        *_events("42", {**HEALTHY, "episode_same_end_streak": 3.0}, 30, start_ms,
+        *_events("42", {**HEALTHY, **STUCK_RUN}, 30, start_ms,
                  episode_end_reason="collision"),
         *_events("42", HEALTHY, 120, start_ms + 30_000, episode_end_reason="timeout"),
-        *_events("hot", {**HEALTHY, "gpu_thermal_throttle_events": 2.0}, 10, start_ms),
+        *_events("hot", {**HEALTHY, **HOT}, 10, start_ms),
         *_events("hot", HEALTHY, 20, start_ms + 10_000),
     ]
     stack = start_stack(kafka_bootstrap, settings.data_dir, settings.topic_prefix,

@@ -56,8 +56,10 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
     try:
         deadline = time.monotonic() + 90
         # Other policies (the periodic snapshot) may snapshot earlier: wait for one taken
-        # after the jump.
-        while not any(n >= 40 for n in snapshots) and time.monotonic() < deadline:
+        # after the jump began (the time-window variance sees it within 10 episodes),
+        # with every episode reported.
+        while not (episodes == 40 and any(n > 20 for n in snapshots)) \
+                and time.monotonic() < deadline:
             x = torch.randn(64, 8)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             optimizer.zero_grad()
@@ -71,7 +73,7 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
             time.sleep(0.01)
     finally:
         counters = dsec.shutdown()
-    assert any(n >= 40 for n in snapshots), "no snapshot after the variance jump within 90 s"
+    assert any(n > 20 for n in snapshots), "no snapshot after the variance jump within 90 s"
     assert counters is not None and counters.samples_dropped == 0
 
     applied = wait_for(lambda: _rows(

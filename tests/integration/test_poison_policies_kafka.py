@@ -98,7 +98,7 @@ def test_an_unsigned_tombstone_deletes_nothing_and_is_audited(rig) -> None:
     reasons = _rejections(rig, {"custom", "reward-variance-jump"})
     assert all("unsigned tombstone" in reason for reason in reasons.values()), reasons
     rig.send(trace({**SILENT, "gpu_temperature_c": 95.0}, 5, "hot", now_ms())
-             + trace({**SILENT, "reward_variance_jump_ratio": 6.0}, 5, "jumpy", now_ms()))
+             + trace({**SILENT, "reward_volatility_chance_per_h": 1e-4}, 5, "jumpy", now_ms()))
     rig.commands.wait(lambda items: {c.policy_name for c in items} >= {
         "custom", "reward-variance-jump"}, 60, "both policies still acting")
     listed = json.loads(_policy_cli(rig, "list", "--json").stdout)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from feature_values import GIB, HEALTHY
+from feature_values import GIB, HEALTHY, STUCK
 from policy_broker import EngineProcess, Rig, env_for, trace
 
 from dsec.infra.keys import signer_for
@@ -22,12 +22,12 @@ pytestmark = pytest.mark.integration
 
 TRIGGERS = {
     "bandwidth-latency-breaker": {"grad_sync_latency_p95_ms": 120.0},
-    "elastic-memory-quota": {"gpu_memory_used_bytes": 13.0 * GIB},
-    "stuck-episode": {"episode_same_end_streak": 3.0},
+    "elastic-memory-quota": {"gpu_process_memory_bytes": 13.0 * GIB},
+    "stuck-episode": STUCK,
     "precision-downgrade": {"grad_nonfinite_count": 2.0},
-    "gpu-degradation-snapshot": {"gpu_thermal_throttle_events": 4.0},
+    "gpu-degradation-snapshot": {"gpu_thermal_throttled": 1.0},
     "worker-lost": {"worker_lost": 1.0, "heartbeat_age_s": 20.0},
-    "reward-variance-jump": {"reward_variance_jump_ratio": 6.0},
+    "reward-variance-jump": {"reward_volatility_chance_per_h": 1e-4},
     "meta-breaker-trips": {"breaker_trips_per_hour": 5.0},
     "meta-snapshot-recovery": {"snapshot_recovery_time_s": 12.0},
     "meta-pool-utilisation": {"pool_utilisation_rate": 0.2},

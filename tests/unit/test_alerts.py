@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from feature_values import HEALTHY
+from feature_values import HEALTHY, STUCK
 
 from dsec.policy_engine.alerts import AlertTracker, readings_of, signal_of
 from dsec.policy_engine.builtin import load_builtin_policies
@@ -12,6 +12,8 @@ from dsec.schemas.alerts import AlertStatus
 from dsec.schemas.policies import DecisionKind, PolicyDecision
 from dsec.services.alertmanager import ZERO_TIME, rfc3339, webhook_payload
 
+# A card throttling now, after two onsets.
+HOT = {"gpu_thermal_throttle_events": 2.0, "gpu_thermal_throttled": 1.0}
 WORKER = WorkerIdentity(job_id="job", worker_id="42", node_id="node-1", pool="A")
 
 
@@ -29,7 +31,7 @@ def _decisions(policy: str, events) -> list[PolicyDecision]:
 
 
 def test_a_staged_alert_fires_once_and_is_resolved_once_with_its_firing_labels() -> None:
-    stuck = _trace({**HEALTHY, "episode_same_end_streak": 3.0}, 30, 1_000_000)
+    stuck = _trace({**HEALTHY, **STUCK}, 30, 1_000_000)
     # it comes down once calm for hold_s (60 s); by then the episodes end elsewhere
     calm = _trace(HEALTHY, 120, 1_030_000, tags={"episode_end_reason": "timeout"})
     tracker = AlertTracker()
@@ -49,7 +51,7 @@ def test_a_staged_alert_fires_once_and_is_resolved_once_with_its_firing_labels()
 
 
 def test_a_degraded_gpu_is_recorded_with_its_signal_and_healthy_again_once_resolved() -> None:
-    hot = _trace({**HEALTHY, "gpu_thermal_throttle_events": 2.0}, 10, 1_000_000)
+    hot = _trace({**HEALTHY, **HOT}, 10, 1_000_000)
     cool = _trace(HEALTHY, 10, 1_010_000)
     tracker = AlertTracker()
     changes = [c for d in _decisions("gpu-degradation-snapshot", hot + cool)
@@ -59,13 +61,13 @@ def test_a_degraded_gpu_is_recorded_with_its_signal_and_healthy_again_once_resol
     assert (degraded.gpu_uuid, degraded.gpu_model, degraded.state, degraded.signal) == (
         "GPU-7", "H100", "degraded", "thermal_throttle")
     assert degraded.since_ms == 1_000_000
-    assert "gpu_thermal_throttle_events=2" in degraded.reason
+    assert "gpu_thermal_throttled=1" in degraded.reason
     assert resolved.status is AlertStatus.RESOLVED
     assert (healthy.state, healthy.since_ms) == ("healthy", 1_010_000)
 
 
 def test_the_state_is_rebuilt_from_the_topics_in_any_order() -> None:
-    stuck = _trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10, 1_000_000)
+    stuck = _trace({**HEALTHY, **STUCK}, 10, 1_000_000)
     first = AlertTracker()
     firing = [c for d in _decisions("stuck-episode", stuck) for c in first.process(d)]
     restarted = AlertTracker()
@@ -87,10 +89,12 @@ def test_readings_and_signals() -> None:
     assert readings == {"gpu_thermal_throttle_events": 0.0, "grad_sync_latency_p99_ms": 512.5}
     assert signal_of(readings) == "sync_latency_anomaly"
     assert signal_of({}) == "policy_condition"
+    # the card throttling now, as the card job tells a worker that does not sample it
+    assert signal_of({"card_thermal_throttled": 1.0, **readings}) == "thermal_throttle"
 
 
 def test_alertmanager_webhook_payload() -> None:
-    stuck = _trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10, 1_700_000_000_000)
+    stuck = _trace({**HEALTHY, **STUCK}, 10, 1_700_000_000_000)
     calm = _trace(HEALTHY, 120, 1_700_000_010_000)
     tracker = AlertTracker()
     firing, resolved = [c for d in _decisions("stuck-episode", stuck + calm)

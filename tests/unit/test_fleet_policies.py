@@ -3,7 +3,7 @@ the parameters; canary versions run in their pool alone, beside or instead of th
 
 from __future__ import annotations
 
-from feature_values import GIB, HEALTHY
+from feature_values import GIB, HEALTHY, STUCK
 from keys import KEYRING, VERIFIER
 from test_policy_engine import trace
 
@@ -15,6 +15,8 @@ from dsec.schemas.features import fleet_identity
 from dsec.schemas.policies import DecisionKind
 
 PACK = {p.name: p for p in load_builtin_policies()}
+# The canaries below are versions 2 and 3 of a fleet version 1.
+PACK["stuck-episode"] = PACK["stuck-episode"].model_copy(update={"version": 1})
 HOUR_MS = 3_600_000
 
 
@@ -99,7 +101,7 @@ def _canary(base: PolicySpec, pool: str, version: int, **changes) -> PolicySpec:
 def test_a_canary_runs_in_its_pool_alone_and_its_commands_carry_its_version() -> None:
     stuck = PACK["stuck-episode"]
     canary = _canary(stuck, "A", 2, params={**stuck.params, "stuck_cap_bytes": 2 * GIB})
-    features = {**HEALTHY, "episode_same_end_streak": 3.0}
+    features = {**HEALTHY, **STUCK}
     events = (trace(features, 10, worker="a1", tags={"pool": "A"})
               + trace(features, 10, worker="b1", tags={"pool": "B"})
               + trace(features, 10, worker="n1"))
@@ -112,7 +114,7 @@ def test_a_canary_runs_in_its_pool_alone_and_its_commands_carry_its_version() ->
 def test_a_dry_run_canary_is_audited_beside_the_version_that_acts() -> None:
     stuck = PACK["stuck-episode"]
     shadow = _canary(stuck, "A", 2, dry_run=True)
-    features = {**HEALTHY, "episode_same_end_streak": 3.0}
+    features = {**HEALTHY, **STUCK}
     result = replay([stuck, shadow], trace(features, 10, worker="a1", tags={"pool": "A"}))
     assert {c.policy_version for c in result.output.commands} == {1}
     assert {(d.policy_version, d.decision) for d in result.output.decisions} == {
@@ -160,7 +162,7 @@ def test_a_pool_canary_and_pool_overrides_combine() -> None:
     stuck = PACK["stuck-episode"]
     canary = _canary(stuck, "A", 2, priority=210)
     pool = PoolSpec(name="A", params={"stuck-episode": {"stuck_cap_bytes": 3 * GIB}})
-    result = replay([stuck, canary], trace({**HEALTHY, "episode_same_end_streak": 3.0}, 10,
+    result = replay([stuck, canary], trace({**HEALTHY, **STUCK}, 10,
                                            worker="a1", tags={"pool": "A"}), pools=[pool])
     caps = [(c.policy_version, c.action.limit_bytes) for c in result.output.commands
             if c.action.kind == "memory_cap"]

@@ -116,7 +116,8 @@ def test_one_gpu_profile_per_gpu_and_worker_with_the_known_leak() -> None:
         leak, rel=0.02)
     assert event.event_id == derived_event_id("gpu", IDENTITY.gpu_uuid, "worker-000", 0,
                                               len(batches) - 1)
-    assert result.outputs[-1] is profile
+    # after every per-record output, before the per-GPU events and the card reports
+    assert result.outputs[len(result.per_record)] is profile
 
 
 def test_states_kept_as_table_bytes_give_the_same_outputs_as_kept_objects() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 from feature_values import GIB, HEALTHY
+from feature_values import STUCK as STUCK_RUN
 from keys import KEYRING, VERIFIER
 
 from dsec.infra.records import Record
@@ -20,7 +21,7 @@ from dsec.schemas.topics import topic_names
 
 TOPICS = topic_names("t")
 PACK = {policy.name: policy for policy in load_builtin_policies()}
-STUCK = {**HEALTHY, "episode_same_end_streak": 3.0}
+STUCK = {**HEALTHY, **STUCK_RUN}
 
 
 def _agent(names: tuple[str, ...], states=None, knobs=None, from_offset: int = 0) -> PolicyAgent:

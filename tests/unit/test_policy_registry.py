@@ -138,12 +138,13 @@ def test_policy_json_schema_for_editors_is_current() -> None:
 
 
 def test_cli_tests_a_policy_offline_against_a_trace(tmp_path: Path) -> None:
+    from feature_values import STUCK
     from test_policy_engine import HEALTHY, trace
 
     from dsec.cli import app
 
     trace_path = tmp_path / "trace.jsonl"
-    events = trace({**HEALTHY, "episode_same_end_streak": 3.0}, 20, worker="7")
+    events = trace({**HEALTHY, **STUCK}, 20, worker="7")
     trace_path.write_bytes(b"\n".join(encode(e) for e in events))
     policy = Path(__file__).parents[2] / "policy_engine" / "builtin" / "stuck-episode.yaml"
     result = CliRunner().invoke(app, ["policy", "test", str(policy), "--trace",

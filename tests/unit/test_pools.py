@@ -96,7 +96,8 @@ def test_every_policy_honours_its_pools_overrides_and_dry_run() -> None:
     pools = [PoolSpec(name="tight", quotas=PoolQuotas(latency_cap_ms=50,
                                                       base_memory_bytes=5 * GIB)),
              PoolSpec(name="watch", dry_run=True)]
-    features = {**HEALTHY, "grad_sync_latency_p95_ms": 60.0, "gpu_memory_used_bytes": 13 * GIB}
+    features = {**HEALTHY, "grad_sync_latency_p95_ms": 60.0,
+                "gpu_process_memory_bytes": 13 * GIB}
     events = (trace(features, 30, worker="in-tight", tags={"pool": "tight"})
               + trace(features, 30, worker="in-none")
               + trace({**features, "grad_sync_latency_p95_ms": 120.0}, 30, worker="in-watch",

@@ -1,0 +1,115 @@
+"""Last known values: a feature an event does not carry keeps its last value, with an age;
+a policy may bound the age; a missing feature never makes a condition false."""
+
+from __future__ import annotations
+
+from dsec.policy_engine.feature_memory import FeatureMemory, KnownFeatures
+from dsec.policy_engine.tables import feature_table
+from dsec.policy_engine.trace import replay
+from dsec.schemas import FeatureEvent, PolicySpec, WorkerIdentity
+from dsec.schemas.policies import DecisionKind
+
+START_MS = 1_000_000
+IDENTITY = WorkerIdentity(job_id="job", worker_id="w1", node_id="n1")
+
+
+def _event(t_s: float, **features: float) -> FeatureEvent:
+    return FeatureEvent(identity=IDENTITY, event_time_ms=START_MS + int(t_s * 1000),
+                        features=features)
+
+
+def _mixed_policy(**changes) -> PolicySpec:
+    """Features from two sample kinds: the GPU's temperature and the sync latency."""
+    return PolicySpec.model_validate({
+        "name": "hot-and-slow", "condition":
+            "gpu_temperature_c > 85.0 && grad_sync_latency_p95_ms > 100.0",
+        "for_s": 10, "cooldown_s": 600, "action": {"params": {"kind": "snapshot"}},
+        **changes})
+
+
+def _interleaved(seconds: int, temperature_c: float = 90.0) -> list[FeatureEvent]:
+    """GPU samples at even seconds, sync samples at odd ones: no event carries both."""
+    events = []
+    for t in range(seconds):
+        if t % 2:
+            events.append(_event(t, grad_sync_latency_p95_ms=150.0, grad_sync_bytes_per_s=1e6))
+        else:
+            events.append(_event(t, gpu_temperature_c=temperature_c))
+    return events
+
+
+def test_a_for_policy_over_features_of_two_sample_kinds_fires() -> None:
+    result = replay([_mixed_policy()], _interleaved(30))
+    fired = [d for d in result.output.decisions if d.decision is DecisionKind.FIRED]
+    assert len(fired) == 1
+    # The condition first held at t=1 (the first sync, with the temperature of t=0).
+    assert fired[0].event_time_ms == START_MS + 11_000
+    assert "gpu_temperature_c=90 (1 s old)" in fired[0].detail
+    # Nothing reset the timer along the way; the cooldown after it is audited once.
+    assert [d.decision for d in result.output.decisions[1:]] == [
+        DecisionKind.SUPPRESSED_COOLDOWN]
+
+
+def test_a_value_past_max_age_is_missing_and_leaves_the_state_as_it_was() -> None:
+    policy = _mixed_policy(max_age_s=5)
+    # The GPU stops reporting at t=4; syncs go on. Its last temperature grows old.
+    events = [e for e in _interleaved(40) if e.event_time_ms <= START_MS + 4_000
+              or "gpu_temperature_c" not in e.features]
+    result = replay([policy], events)
+    assert not result.output.decisions
+    pending = result.states["hot-and-slow|job|w1"]
+    assert pending.pending_since_ms == START_MS + 1_000  # kept, not reset
+    # A fresh reading after the gap fires at once: the timer ran since t=1.
+    late = replay([policy], [*events, _event(41, gpu_temperature_c=91.0)])
+    fired = [d for d in late.output.decisions if d.decision is DecisionKind.FIRED]
+    assert [d.event_time_ms for d in fired] == [START_MS + 41_000]
+
+
+def test_a_missing_feature_does_not_make_a_condition_false() -> None:
+    policy = PolicySpec.model_validate({
+        "name": "either", "condition": "gpu_temperature_c > 85.0 || worker_lost >= 1.0",
+        "for_s": 4, "cooldown_s": 600, "action": {"params": {"kind": "snapshot"}}})
+    # worker_lost never reported: `true || error` holds; `false || error` is not told.
+    events = [_event(0, gpu_temperature_c=90.0), _event(2, gpu_temperature_c=80.0),
+              _event(4, gpu_temperature_c=90.0), _event(6, gpu_temperature_c=90.0)]
+    result = replay([policy], events)
+    # t=2 was not told, so it reset nothing: the 4 s ran from t=0 (a reset: t=8).
+    fired = [d for d in result.output.decisions if d.decision is DecisionKind.FIRED]
+    assert [d.event_time_ms for d in fired] == [START_MS + 4_000]
+
+
+def test_suppressed_records_stay_few_when_features_arrive_apart() -> None:
+    policy = _mixed_policy(for_s=0, cooldown_s=300)
+    # Ten minutes of a worker hot and slow, GPU and sync samples in separate events.
+    result = replay([policy], _interleaved(600))
+    kinds = [d.decision for d in result.output.decisions]
+    assert kinds.count(DecisionKind.FIRED) == 2  # t=1 and after the 300 s cooldown
+    assert kinds.count(DecisionKind.SUPPRESSED_COOLDOWN) <= 2
+
+
+def test_out_of_order_events_do_not_replace_newer_values() -> None:
+    memory = FeatureMemory({})
+    target = "job|w1"
+    view = memory.view([_event(5, gpu_temperature_c=70.0), _event(3, gpu_temperature_c=99.0)],
+                       [target, target], {"gpu_temperature_c"})
+    assert view.values["gpu_temperature_c"].tolist() == [70.0, 70.0]
+    assert memory.known[target].times_ms == {"gpu_temperature_c": START_MS + 5_000}
+
+
+def test_known_features_round_trip_through_table_bytes() -> None:
+    table: dict[bytes, bytes] = {}
+    known = feature_table(table)
+    known["job|w1"] = KnownFeatures({"a": 1.5, "b": 2.0}, {"a": 10, "b": 12})
+    assert list(table) == [b"w1"]
+    assert feature_table(table)["job|w1"] == known["job|w1"]
+
+
+def test_a_restarted_engine_keeps_what_it_knew() -> None:
+    # The memory outlives the engine (a table): the GPU value seen before the restart
+    # completes the condition after it.
+    policy = _mixed_policy(for_s=0)
+    memory: dict[str, KnownFeatures] = {}
+    first = replay([policy], [_event(0, gpu_temperature_c=90.0)], known=memory)
+    assert not first.output.commands
+    second = replay([policy], [_event(1, grad_sync_latency_p95_ms=150.0)], known=memory)
+    assert len(second.output.commands) == 1
