@@ -16,6 +16,7 @@ from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.stream_jobs import stats
+from dsec.stream_jobs.step_progress import step_progress
 from dsec.stream_jobs.worker_state import (
     RECENT_BATCHES,
     RECENT_OFFSETS,
@@ -135,7 +136,7 @@ def update(
     if "gpu" in frames:
         gpus, jitter = _gpus(gpus, jitter, episodes.lengths_steps, frames["gpu"], config, out)
     if "heartbeat" in frames:
-        heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
+        heartbeat = _heartbeats(heartbeat, frames["heartbeat"], now_ms, out.features)
     recoveries = state.recoveries
     if "recovery" in frames:
         recoveries = _recoveries(recoveries, frames["recovery"], out)
@@ -351,11 +352,14 @@ def _gpu_features(gpu: GpuState, frame: Frame, rows: np.ndarray,
         out["gpu_temperature_c"] = float(temperature[-1])
 
 
-def _heartbeats(frame: Frame, now_ms: int, out: dict[str, float]) -> Heartbeat:
+def _heartbeats(previous: Heartbeat, frame: Frame, now_ms: int,
+                out: dict[str, float]) -> Heartbeat:
     out["probe_samples_dropped"] = float(frame["samples_dropped"][-1])
     out["heartbeat_age_s"] = 0.0
     out["worker_lost"] = 0.0
-    return Heartbeat(last_seen_ms=now_ms, interval_s=float(frame["interval_s"][-1]), lost=False)
+    seen = replace(previous, last_seen_ms=now_ms, interval_s=float(frame["interval_s"][-1]),
+                   lost=False)
+    return step_progress(seen, frame["step"], now_ms, out)
 
 
 def liveness(
