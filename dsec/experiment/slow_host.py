@@ -42,7 +42,7 @@ def _one_update(slow_host: SlowHost) -> float:
     import numpy as np
     import torch
 
-    from dsec.experiment.ppo import ActorCritic, PpoConfig, build_rollout, ppo_loss
+    from dsec.experiment.ppo import ActorCritic, PpoConfig, build_rollout, ppo_update
 
     config = PpoConfig()
     model = ActorCritic(4, 2, config.hidden)
@@ -64,15 +64,7 @@ def _one_update(slow_host: SlowHost) -> float:
                 next_obs, _, terminated, truncated, _ = env.step(int(actions[i]))
                 obs[i] = env.reset()[0] if terminated or truncated else next_obs
         rollout = build_rollout(b_obs, b_act, *zeros, np.zeros(n, np.float32), config)
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(config.epochs):
-            for index in rollout.minibatches(config.minibatches, generator):
-                loss = ppo_loss(model, rollout.obs[index], rollout.actions[index],
-                                rollout.log_probs[index], rollout.advantages[index],
-                                rollout.returns[index], config)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+        ppo_update(model, optimizer, rollout, config, torch.Generator().manual_seed(0))
     return time.perf_counter() - started
 
 
