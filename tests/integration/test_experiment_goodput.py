@@ -12,7 +12,8 @@ from dsec.cli import app
 pytestmark = pytest.mark.integration
 
 ARM_KEYS = {"interruptions", "recovery_mean_s", "recovery_p95_s",
-            "effective_training_time_ratio", "steps", "gpu_utilisation", "final_mean_return"}
+            "effective_training_time_ratio", "steps", "gpu_utilisation", "final_mean_return",
+            "steps_per_s", "return_auc", "degraded_ratio", "degraded_s"}
 
 
 @pytest.mark.timeout(420)
@@ -34,6 +35,7 @@ def test_goodput_runs_three_arms_and_only_the_dsec_arm_acts(kafka_bootstrap, tmp
         assert any(name.endswith(":dry_run") for name in observing["policy_decisions"])
         assert not any(name.endswith(":fired") for name in observing["policy_decisions"])
     assert acting.keys() >= ARM_KEYS and acting["steps"] > 0
+    assert out["run"]["time_scale"] == 1.0 and out["run"]["calibration_update_s"] > 0
     # The dsec arm acted: snapshots at least, and the leaking card was capped, not lost.
     assert acting["actions"].get("snapshot", 0) > 0
     assert any(name.endswith(":fired") for name in acting["policy_decisions"])
