@@ -116,16 +116,17 @@ def _arm_env(bootstrap: str, prefix: str, arm_dir: Path, sockets_dir: Path,
 
 
 def _member_beats(members: list[_Slot], run_dir: Path) -> dict[int, Beat]:
-    """The live members' beats; a beat from before the member's assignment (its previous
-    incarnation's) counts as a start-up beat at the assignment."""
+    """The live members' beats. A member that has not beaten since its assignment (the
+    beat file is its previous incarnation's, or none) is still starting (a spare taken
+    before it warmed up may take minutes on a busy host) and is not judged yet, as a
+    launcher watches a rank from its first heartbeat."""
     beats = {}
     for slot in members:
         if slot.restart_at is not None or slot.process.poll() is not None:
             continue
         beat = read_beat(run_dir / slot.arm / "beats" / f"worker-{slot.index:03d}")
-        if beat is None or beat.at_s < slot.assigned_at:
-            beat = Beat(slot.assigned_at, None)
-        beats[slot.index] = beat
+        if beat is not None and beat.at_s >= slot.assigned_at:
+            beats[slot.index] = beat
     return beats
 
 
@@ -252,8 +253,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                                         options.cpu_slowdown)
                 processes.append(process)
                 slots.append(_Slot(arm, index, process))
-            # A small run needs fewer warm spares, and each costs a trainer's start-up.
-            for _ in range(min(SPARES_PER_ARM, max(1, options.workers // 2))):
+            for _ in range(SPARES_PER_ARM):
                 spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log",
                                       options.cpu_slowdown)
                 processes.append(spare)

@@ -41,9 +41,13 @@ def test_the_launcher_kills_the_hung_member_only_where_its_arm_watches_progress(
             # worker 0 stopped stepping 20 s ago; worker 1 waits on it in an all-reduce
             stopped = now - 20 + 5 * index
             os.utime(beat.path, (stopped, stopped))
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a replacement assigned 60 s ago that has not beaten yet is still starting
+    slots.append(_Slot("strong", 2, starting, assigned_at=now - 60))
     try:
         _restart_stuck(slots, tmp_path, now, WatchdogConfig(8.0, 4.0), 30.0, set(), 2)
-        assert [s.process.poll() is None for s in slots] == [True, True, False, True]
+        assert starting.poll() is None
+        assert [s.process.poll() is None for s in slots[:4]] == [True, True, False, True]
         timeline = (tmp_path / "strong" / "timeline-000.jsonl").read_text()
         assert '"cause": "hang"' in timeline
         # plain: once a member died (here, of its collective timeout), what is still stuck
