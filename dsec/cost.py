@@ -251,11 +251,13 @@ def _degraded(run: Query, since_ms: int, until_ms: int,
 
 
 def experiment_difference(result: dict) -> dict[str, float | None]:
-    """The dsec arm minus the baseline in a goodput experiment's result (``result.json``
-    of ``dsec experiment run``, one seed or several combined)."""
+    """The dsec arm minus the plain one in a goodput experiment's result (``result.json``
+    of ``dsec experiment run``, one seed or several combined; results from before the
+    strong arm name the plain arm ``baseline``)."""
+    plain = result["plain"] if "plain" in result else result["baseline"]
     out: dict[str, float | None] = {}
     for name in ("final_mean_return", "effective_training_time_ratio", "lost_work_s"):
-        dsec_value, baseline = result["dsec"].get(name), result["baseline"].get(name)
+        dsec_value, baseline = result["dsec"].get(name), plain.get(name)
         out[name] = None if dsec_value is None or baseline is None else dsec_value - baseline
     return out
 

@@ -139,6 +139,10 @@ WORKER_FEATURES: dict[str, str] = {
     "cuda_oom_count": "out-of-memory errors the CUDA allocator reported (count)",
     "heartbeat_age_s": "seconds since the worker's last heartbeat",
     "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
+    "step_stalled_heartbeats": "heartbeats in a row whose step count did not move, once the "
+                               "worker has stepped (count)",
+    "step_stalled_s": "seconds since the step count the heartbeats carry last moved, while "
+                      "it stalls (0 while it moves)",
     "probe_samples_dropped": "samples the probe dropped since it started (count)",
     "last_recovery_time_s": "how long the worker's last resume took (s)",
     "recoveries_total": "resumes the worker reported since first seen, any source (count)",

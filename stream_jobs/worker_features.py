@@ -16,6 +16,7 @@ from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.stream_jobs import episode_endings, gpu_features, reward_volatility, stats
+from dsec.stream_jobs.step_progress import step_progress
 from dsec.stream_jobs.worker_state import (
     RECENT_BATCHES,
     RECENT_OFFSETS,
@@ -155,7 +156,7 @@ def update(
     if "gpu" in frames or "cuda_memory" in frames:
         out.features.update(gpu_features.worker_gpu_features(gpus, cuda_devices))
     if "heartbeat" in frames:
-        heartbeat = _heartbeats(frames["heartbeat"], now_ms, out.features)
+        heartbeat = _heartbeats(heartbeat, frames["heartbeat"], now_ms, out.features)
     if "cuda_memory" in frames and len(frames["cuda_memory"]["oom_count"]):
         # The allocator's own count since the process started: placement counts its rises.
         out.features["gpu_oom_total"] = float(frames["cuda_memory"]["oom_count"].max())
@@ -381,11 +382,14 @@ def _last_finite(values: np.ndarray, before, kind):
     return kind(there[-1]) if there.size else before
 
 
-def _heartbeats(frame: Frame, now_ms: int, out: dict[str, float]) -> Heartbeat:
+def _heartbeats(previous: Heartbeat, frame: Frame, now_ms: int,
+                out: dict[str, float]) -> Heartbeat:
     out["probe_samples_dropped"] = float(frame["samples_dropped"][-1])
     out["heartbeat_age_s"] = 0.0
     out["worker_lost"] = 0.0
-    return Heartbeat(last_seen_ms=now_ms, interval_s=float(frame["interval_s"][-1]), lost=False)
+    seen = replace(previous, last_seen_ms=now_ms, interval_s=float(frame["interval_s"][-1]),
+                   lost=False)
+    return step_progress(seen, frame["step"], now_ms, out)
 
 
 def liveness(

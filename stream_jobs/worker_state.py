@@ -134,11 +134,17 @@ class CardSeen:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """``last_seen_ms``: the wall-clock time (epoch ms) the job last read a heartbeat."""
+    """``last_seen_ms``: the wall-clock time (epoch ms) the job last read a heartbeat.
+    ``last_step``, ``step_changed_ms``, ``stalled_beats``: the step count the last one
+    carried, when that count last moved, heartbeats since without a step
+    (``step_progress``)."""
 
     last_seen_ms: int | None = None
     interval_s: float = 5.0
     lost: bool = False
+    last_step: int | None = None
+    step_changed_ms: int | None = None
+    stalled_beats: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""``dsec experiment``: prove it — goodput with dsec against without, side by side."""
+"""``dsec experiment``: prove it — goodput with dsec against without and against the
+best practice (asynchronous checkpoints, elastic restart), side by side."""
 
 from __future__ import annotations
 
@@ -15,49 +16,70 @@ console = Console()
 err_console = Console(stderr=True)
 
 TABLE_ROWS = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
-              "effective_training_time_ratio", "steps", "gpu_utilisation",
-              "final_mean_return")
+              "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
+              "final_mean_return", "return_auc", "degraded_ratio", "degraded_s")
+ARM_TITLES = {"plain": "plain (dsec observing)", "strong": "strong (async ckpt, elastic)"}
+
+
+def _cell(arm: dict, name: str) -> str:
+    """A measure, with its spread over seeds where there are several."""
+    spread = arm.get(f"{name}_std")
+    return str(arm.get(name)) if spread is None else f"{arm.get(name)} ± {spread}"
 
 
 @experiment_app.command("goodput")
 def goodput(
     scenario: Annotated[str, typer.Option(
-        help="A scenario file, or a ready one: quiet, bad-night, leaky-cards, flaky-links, "
-             "smoke.")] = "bad-night",
+        help="A scenario file, a ready one (quiet, bad-night, bad-night-2, leaky-cards, "
+             "flaky-links, silent-nan, held-memory, stragglers, silent-hangs, flaky-cards, "
+             "smoke), or 'random': one drawn per seed (docs/goodput.md).")] = "bad-night",
     workers: Annotated[int, typer.Option(min=1, max=64)] = 8,
     duration_s: Annotated[float, typer.Option(min=10.0)] = 180.0,
-    seeds: Annotated[str, typer.Option(help="Comma-separated; one run per seed.")] = "0",
+    seeds: Annotated[str, typer.Option(
+        "--seeds", "--seed", help="Comma-separated; one run per seed.")] = "0",
     workers_per_group: Annotated[int, typer.Option(min=1)] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write an HTML report here.")] = None,
     bootstrap: Annotated[str | None, typer.Option(
         help="Use this Kafka instead of starting one.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Where timelines and logs go.")] = None,
+    cpu_slowdown: Annotated[float, typer.Option(
+        min=1.0, help="Every worker's CPU work takes K times as long (a slower host).")] = 1.0,
+    time_scale: Annotated[str, typer.Option(
+        help="Stretch every wall-clock span of the scenario and the run by this factor, "
+             "or 'auto': by this host's measured update time over the reference host's, "
+             "so faults last as many steps on any host.")] = "1",
 ) -> None:
-    """Run the simulated cluster twice at once, dsec observing only (policies in dry run)
-    and dsec acting, under the same faults and seeds; print both arms side by side."""
+    """Run the simulated cluster three times at once under the same faults and seeds:
+    plain (dsec observing only), strong (observing only; asynchronous checkpoints and an
+    elastic restart) and dsec acting; print the arms side by side."""
+    from dsec.experiment.arms import ARMS
     from dsec.experiment.faults import load_scenario
+    from dsec.experiment.random_scenario import RANDOM, random_scenario
     from dsec.experiment.report import combine_seeds, write_report
     from dsec.experiment.runner import ExperimentError, GoodputOptions, run_goodput
 
     try:
-        chosen = load_scenario(scenario)
+        chosen = random_scenario(0) if scenario == RANDOM else load_scenario(scenario)
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        scale = None if time_scale == "auto" else float(time_scale)
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     runs = []
     for seed in seed_list:
+        if scenario == RANDOM:
+            chosen = random_scenario(seed)
         options = GoodputOptions(
             workers=workers, duration_s=duration_s, workers_per_group=workers_per_group,
-            seed=seed, bootstrap=bootstrap,
+            seed=seed, bootstrap=bootstrap, cpu_slowdown=cpu_slowdown, time_scale=scale,
             run_dir=None if run_dir is None else run_dir / f"seed-{seed}")
         try:
             if as_json:
                 runs.append(run_goodput(chosen, options))
             else:
-                with console.status(f"goodput: {chosen.name}, {workers} workers x 2 arms, "
-                                    f"{duration_s:.0f} s, seed {seed}"):
+                with console.status(f"goodput: {chosen.name}, {workers} workers x "
+                                    f"{len(ARMS)} arms, {duration_s:.0f} s, seed {seed}"):
                     runs.append(run_goodput(chosen, options))
         except ExperimentError as exc:
             err_console.print(f"[red]experiment failed:[/red] {exc}")
@@ -68,13 +90,14 @@ def goodput(
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=f"goodput on {chosen.name}: {workers} workers, {duration_s:.0f} s, "
+    name = scenario if scenario == RANDOM else chosen.name
+    table = Table(title=f"goodput on {name}: {workers} workers, {duration_s:.0f} s, "
                         f"seeds {seeds}")
     table.add_column("measure")
-    table.add_column("baseline (dsec observing)", justify="right")
-    table.add_column("dsec", justify="right")
+    for arm in ARMS:
+        table.add_column(ARM_TITLES.get(arm, arm), justify="right")
     for name in TABLE_ROWS:
-        table.add_row(name, str(result["baseline"].get(name)), str(result["dsec"].get(name)))
+        table.add_row(name, *(_cell(result[arm], name) for arm in ARMS))
     console.print(table)
     if report is not None:
         console.print(f"report: {report}")

@@ -12,7 +12,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Assignment:
-    arm: str  # "baseline" | "dsec"
+    arm: str  # one of arms.ARMS
     slot: int
     group: int
     rank: int

@@ -20,12 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FaultKind = Literal[
     "memory_leak", "thermal_throttle", "sync_jitter", "sync_stall", "stuck_episodes",
-    "nan_burst", "crash",
+    "nan_burst", "crash", "straggler", "silent_hang", "flaky_card",
 ]
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "memory_leak", "thermal_throttle", "sync_jitter", "sync_stall", "stuck_episodes",
-    "nan_burst", "crash",
+    "nan_burst", "crash", "straggler", "silent_hang", "flaky_card",
 )
+# Instantaneous faults: a worker started after one does not meet it again.
+INSTANT_KINDS = frozenset({"crash", "silent_hang"})
 Rate = Annotated[float, Field(ge=0)]
 Targets = list[Annotated[int, Field(ge=0)]] | None  # worker (= GPU = link) indices; None: all
 
@@ -72,7 +74,8 @@ class StuckEpisodes(_Fault):
 
 
 class NanBurst(_Fault):
-    """Gradient-norm spikes for ``precursor_s``, then ``burst_steps`` steps of NaN loss."""
+    """Gradient-norm spikes for ``precursor_s``, then ``burst_steps`` steps of NaN loss.
+    ``precursor_s: 0``: the burst comes without warning."""
 
     precursor_s: Rate = 8.0
     spike_factor: float = Field(default=50.0, ge=1)
@@ -81,6 +84,27 @@ class NanBurst(_Fault):
 
 class Crash(_Fault):
     """The worker process dies (a segfault, a lost host): no warning, no remedy."""
+
+
+class Straggler(_Fault):
+    """The worker's device runs ``slowdown`` times slower (no thermal signature): its
+    group's all-reduce waits for it every step."""
+
+    duration_h: Rate = 1.0
+    slowdown: float = Field(default=3.0, ge=1.0)
+
+
+class SilentHang(_Fault):
+    """The training loop stops stepping (a deadlock in a data loader, a wedged kernel) while
+    the process, its heartbeat thread and its sockets live on. It does not end by itself."""
+
+
+class FlakyCard(_Fault):
+    """The worker's card fails (an Xid, the process dies) ``fail_after_s`` after each start
+    of a worker on it while the fault lasts: restarting on the same card does not help."""
+
+    duration_h: Rate = 2.0
+    fail_after_s: float = Field(default=10.0, gt=0)
 
 
 class Faults(BaseModel):
@@ -92,6 +116,9 @@ class Faults(BaseModel):
     stuck_episodes: StuckEpisodes = StuckEpisodes()
     nan_burst: NanBurst = NanBurst()
     crash: Crash = Crash()
+    straggler: Straggler = Straggler()
+    silent_hang: SilentHang = SilentHang()
+    flaky_card: FlakyCard = FlakyCard()
 
 
 class Scenario(BaseModel):
@@ -102,10 +129,18 @@ class Scenario(BaseModel):
     seed: int = 0
     # Both arms restart a dead worker after this delay (a scheduler's reaction time).
     restart_delay_s: Rate = 0.5
-    # The baseline's periodic full checkpoint, and dsec's periodic snapshot (wall seconds;
-    # the article's 10 min and 90 s, in the same ratio).
+    # The plain arm's periodic full checkpoint, and dsec's periodic snapshot and the strong
+    # arm's asynchronous checkpoint (wall seconds; the article's 10 min and 90 s, in the
+    # same ratio).
     checkpoint_interval_s: float = Field(default=60.0, gt=0)
     snapshot_interval_s: float = Field(default=9.0, gt=0)
+    # How long a group's collective waits for a member before it fails (gloo's timeout; a
+    # hung member holds its group this long).
+    collective_timeout_s: float = Field(default=20.0, gt=0)
+    # The strong and dsec arms' launcher restarts a worker that has not stepped for this
+    # many of its own mean update durations (at least the floor): a window in steps.
+    progress_timeout_updates: float = Field(default=8.0, gt=0)
+    progress_timeout_min_s: float = Field(default=4.0, gt=0)
     faults: Faults = Faults()
 
 
@@ -180,3 +215,28 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
             )
         text = entry.read_text()
     return Scenario.model_validate(yaml.safe_load(text))
+
+
+def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
+    """The scenario on a host ``factor`` times slower: every span given in wall seconds
+    (the simulated hour, and with it every duration and rate; precursors, stalls,
+    intervals, timeouts) stretched by ``factor``, so a fault lasts as many steps. The
+    scheduler's restart delay is the cluster's, not the host's: it stays."""
+    if factor == 1.0:
+        return scenario
+    faults = scenario.faults
+    return scenario.model_copy(update={
+        "sim_hour_s": scenario.sim_hour_s * factor,
+        "checkpoint_interval_s": scenario.checkpoint_interval_s * factor,
+        "snapshot_interval_s": scenario.snapshot_interval_s * factor,
+        "collective_timeout_s": scenario.collective_timeout_s * factor,
+        "progress_timeout_min_s": scenario.progress_timeout_min_s * factor,
+        "faults": faults.model_copy(update={
+            "nan_burst": faults.nan_burst.model_copy(
+                update={"precursor_s": faults.nan_burst.precursor_s * factor}),
+            "sync_stall": faults.sync_stall.model_copy(
+                update={"stall_s": faults.sync_stall.stall_s * factor}),
+            "flaky_card": faults.flaky_card.model_copy(
+                update={"fail_after_s": faults.flaky_card.fail_after_s * factor}),
+        }),
+    })

@@ -7,8 +7,14 @@ Definitions (wall seconds of the run):
 - lost work: step time of updates a group had to redo because it resumed from a resume
   point older than its progress (counted against effective time, shown apart);
 - effective training time ratio: step time of updates that were kept, over workers x
-  wall time;
-- GPU utilisation: simulated device busy time over workers x wall time.
+  wall time: an update undone by a rollback (the group resumed from before it) is not
+  productive, nor is a step taken with the sampler paused;
+- GPU utilisation: simulated device busy time over workers x wall time;
+- steps per second: every optimizer step taken (kept or later lost) over wall time;
+- return: the final mean return, and the area under the return curve (each twelfth's
+  mean episode return times its length, 0 where no episode ended: return x seconds);
+- degraded time: step time run in a degraded mode (fp16/bf16, compressed gradients,
+  accumulation, sampler paused), by mode, and its share of workers x wall time.
 """
 
 from __future__ import annotations
@@ -38,6 +44,20 @@ def read_timelines(arm_dir: Path) -> dict[int, list[dict]]:
     return out
 
 
+def degraded_modes(event: Event) -> list[str]:
+    """The degraded modes an update ran in, as the worker recorded them."""
+    modes = ["sampler_paused"] if event["e"] == "paused_update" else []
+    dtype = str(event.get("dtype", "fp32"))
+    if dtype != "fp32":
+        modes.append(dtype)
+    bits = int(event.get("bits", 32))  # type: ignore[call-overload]
+    if bits < 32:
+        modes.append(f"{bits}-bit")
+    if int(event.get("window", 1)) > 1:  # type: ignore[call-overload]
+        modes.append("accumulation")
+    return modes
+
+
 @dataclass
 class WorkerMeasure:
     productive_s: float = 0.0
@@ -47,6 +67,9 @@ class WorkerMeasure:
     interruptions: int = 0
     causes: dict[str, int] = field(default_factory=dict)
     recoveries_s: list[float] = field(default_factory=list)
+    updates_done: int = 0  # kept or not
+    degraded_s: dict[str, float] = field(default_factory=dict)
+    degraded_any_s: float = 0.0
 
 
 def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerMeasure:
@@ -56,11 +79,17 @@ def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerM
     died_at: float | None = None
     for event in events:
         kind, t = event["e"], float(event["t"])  # type: ignore[arg-type]
-        if kind == "update":
+        if kind in ("update", "paused_update"):
             # only the part of the step inside the measured window counts
             dur = float(event["dur"])  # type: ignore[arg-type]
             inside = max(0.0, min(t, end_at) - max(t - dur, t0))
             if inside > 0:
+                result.updates_done += 1
+                modes = degraded_modes(event)
+                for mode in modes:
+                    result.degraded_s[mode] = result.degraded_s.get(mode, 0.0) + inside
+                result.degraded_any_s += inside if modes else 0.0
+            if inside > 0 and kind == "update":
                 kept.append((int(event["updates"]), inside))  # type: ignore[arg-type]
                 result.busy_s += float(event.get("busy_s", 0.0)) * inside / dur  # type: ignore[arg-type]
         elif kind == "resume":
@@ -95,6 +124,13 @@ def return_curve(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: fl
                 sums[index] += float(event["ret"])  # type: ignore[arg-type]
                 counts[index] += 1
     return [round(float(s / c), 2) if c else None for s, c in zip(sums, counts, strict=True)]
+
+
+def return_auc(curve: Sequence[float | None], t0: float, end_at: float) -> float:
+    """The area under the return curve, in return x seconds (a bin with no episode
+    ended counts 0: no learning shown there)."""
+    bin_s = (end_at - t0) / max(1, len(curve))
+    return round(sum(v or 0.0 for v in curve) * bin_s, 1)
 
 
 def final_mean_return(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: float,
@@ -141,6 +177,10 @@ class ArmResult:
     steps: int
     gpu_utilisation: float
     final_mean_return: float | None
+    return_auc: float
+    steps_per_s: float
+    degraded_ratio: float
+    degraded_s: dict[str, float]
     return_curve: list[float | None]
     actions: dict[str, int]
     actions_not_applied: dict[str, int]
@@ -169,6 +209,11 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
         for cause, n in w.causes.items():
             causes[cause] = causes.get(cause, 0) + n
     applied = actions_applied(timelines)
+    curve = return_curve(timelines, t0, end_at)
+    degraded: dict[str, float] = {}
+    for w in workers.values():
+        for mode, seconds in w.degraded_s.items():
+            degraded[mode] = round(degraded.get(mode, 0.0) + seconds, 2)
     return ArmResult(
         interruptions=sum(w.interruptions for w in workers.values()),
         causes=causes,
@@ -180,7 +225,13 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
         steps=sum(w.updates_kept for w in workers.values()) * OPTIMIZER_STEPS_PER_UPDATE,
         gpu_utilisation=round(sum(w.busy_s for w in workers.values()) / (slots * wall_s), 4),
         final_mean_return=final_mean_return(timelines, t0, end_at),
-        return_curve=return_curve(timelines, t0, end_at),
+        return_auc=return_auc(curve, t0, end_at),
+        steps_per_s=round(sum(w.updates_done for w in workers.values())
+                          * OPTIMIZER_STEPS_PER_UPDATE / wall_s, 3),
+        degraded_ratio=round(sum(w.degraded_any_s for w in workers.values())
+                             / (slots * wall_s), 4),
+        degraded_s=degraded,
+        return_curve=curve,
         actions=_count(a["kind"] for a in applied),
         actions_not_applied=actions_not_applied(timelines),
         action_timeline=[{**a, "t": round(a["t"] - t0, 2)} for a in applied],

@@ -98,3 +98,17 @@ def build_rollout(
 
     return Rollout(flat(obs), flat(actions, torch.int64), flat(log_probs), flat(advantages),
                    flat(returns))
+
+
+def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout,
+               config: PpoConfig, generator: torch.Generator) -> None:
+    """One update on one worker alone: the epochs over shuffled minibatches, clipped."""
+    for _epoch in range(config.epochs):
+        for index in rollout.minibatches(config.minibatches, generator):
+            loss = ppo_loss(model, rollout.obs[index], rollout.actions[index],
+                            rollout.log_probs[index], rollout.advantages[index],
+                            rollout.returns[index], config)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()

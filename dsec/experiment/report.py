@@ -7,21 +7,25 @@ from pathlib import Path
 
 import numpy as np
 
+from dsec.experiment.arms import ARMS
 from dsec.report import svg_chart
 
 NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
-           "effective_training_time_ratio", "steps", "gpu_utilisation", "final_mean_return")
-ARMS = ("baseline", "dsec")
+           "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
+           "final_mean_return", "return_auc", "degraded_ratio")
 
 
 def combine_seeds(runs: list[dict]) -> dict:
-    """Means over seeds of each arm's numbers, with each seed's own beside them."""
+    """Means over seeds of each arm's numbers, their spread (the sample standard
+    deviation over seeds), and each seed's own beside them."""
     combined: dict = {"per_seed": runs}
     for arm in ARMS:
         arm_out: dict = {}
         for name in NUMERIC:
             values = [r[arm][name] for r in runs if r[arm].get(name) is not None]
             arm_out[name] = round(float(np.mean(values)), 4) if values else None
+            arm_out[f"{name}_std"] = round(float(np.std(values, ddof=1)), 4) \
+                if len(values) > 1 else None
             arm_out[f"{name}_by_seed"] = [r[arm].get(name) for r in runs]
         curves = [r[arm]["return_curve"] for r in runs]
         arm_out["return_curve"] = [
@@ -77,11 +81,26 @@ def _timeline_svg(actions: list[dict], exits: list[dict], workers: int, duration
         "<span style='color:#c00'>&#x2716; death</span></p>"
 
 
+def _with_spread(arm: dict, name: str) -> str:
+    spread = arm.get(f"{name}_std")
+    return html.escape(str(arm.get(name)) if spread is None else f"{arm.get(name)} ± {spread}")
+
+
+PER_SEED = ("interruptions", "recovery_mean_s", "effective_training_time_ratio",
+            "steps_per_s", "final_mean_return", "return_auc", "degraded_ratio")
+
+
 def render_report(result: dict, runs: list[dict]) -> str:
     run = result["run"]
     rows = "".join(
-        f"<tr><td>{name}</td><td>{html.escape(str(result['baseline'].get(name)))}</td>"
-        f"<td>{html.escape(str(result['dsec'].get(name)))}</td></tr>" for name in NUMERIC)
+        f"<tr><td>{name}</td>"
+        + "".join(f"<td>{_with_spread(result[arm], name)}</td>" for arm in ARMS)
+        + "</tr>" for name in NUMERIC)
+    per_seed = "".join(
+        f"<tr><td>{r['run']['seed']}</td><td>{html.escape(str(r['run']['scenario']))}</td>"
+        f"<td>{arm}</td>"
+        + "".join(f"<td>{html.escape(str(r[arm].get(name)))}</td>" for name in PER_SEED)
+        + "</tr>" for r in runs for arm in ARMS)
     causes = "".join(
         f"<tr><td>{arm}</td><td>{html.escape(str(r[arm].get('causes')))}</td>"
         f"<td>{html.escape(str(r[arm].get('actions')))}</td>"
@@ -110,12 +129,17 @@ def render_report(result: dict, runs: list[dict]) -> str:
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-        "<p>Baseline: the same cluster, faults and seeds, with every dsec policy in dry run "
-        "(dsec observes only); a dead worker's group resumes from its last full checkpoint. "
-        "dsec: policies act; the group resumes from the newer of the checkpoint and the "
-        "latest dsec snapshot.</p>"
-        "<h2>Side by side</h2><table><tr><th>measure</th><th>baseline</th><th>dsec</th></tr>"
-        f"{rows}</table><h2>Return curves (mean episode return per twelfth of the run)</h2>"
+        "<p>The same cluster, faults and seeds under three arms. plain: every dsec policy in "
+        "dry run (dsec observes only); a dead worker's group resumes from its last full "
+        "checkpoint. strong: dsec observes only; each worker checkpoints asynchronously at "
+        "dsec's snapshot interval, and only the failed worker restarts (the survivors keep "
+        "their weights), with a progress watchdog for hangs. dsec: the strong arm's launcher "
+        "with dsec's policies acting; it resumes from dsec snapshots.</p>"
+        "<h2>Side by side</h2><table><tr><th>measure</th>"
+        + "".join(f"<th>{arm}</th>" for arm in ARMS) + "</tr>"
+        f"{rows}</table><h2>Per seed</h2><table><tr><th>seed</th><th>scenario</th>"
+        "<th>arm</th>" + "".join(f"<th>{name}</th>" for name in PER_SEED) + "</tr>"
+        f"{per_seed}</table><h2>Return curves (mean episode return per twelfth of the run)</h2>"
         f"{curves}<h2>Actuation timeline and deaths</h2>{''.join(timelines)}"
         "<h2>Causes, actions applied, policy decisions</h2><table><tr><th>arm</th>"
         "<th>interruption causes</th><th>actions applied</th>"

@@ -1,11 +1,11 @@
-"""``dsec experiment goodput``: both arms on one broker, side by side, at the same time.
+"""``dsec experiment goodput``: three arms on one broker, side by side, at the same time.
 
 Each arm has its own dsec stack (stream jobs and policy engine, own topic prefix) and N
-worker processes. Baseline: every policy in dry run, so dsec only observes. dsec: the
-policies act. The same scenario, schedule and seeds drive both. A supervisor restarts a
-dead worker in either arm the same way (a warm spare, after the scenario's restart delay);
-what differs is what the group resumes from (the last full checkpoint, or the newer dsec
-snapshot) and how often it has to.
+worker processes. plain and strong: every policy in dry run, so dsec only observes. dsec:
+the policies act. The same scenario, schedule and seeds drive all three. A supervisor
+restarts a dead worker in every arm the same way (a warm spare, after the scenario's
+restart delay); what differs (``arms.ArmConfig``) is what the group resumes from, whether
+the survivors keep their weights, and how often it has to.
 """
 
 from __future__ import annotations
@@ -21,14 +21,17 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from dsec.experiment.assignment import Assignment
-from dsec.experiment.faults import Scenario, fault_schedule
+from dsec.experiment.arms import ARM_CONFIGS, ARMS
+from dsec.experiment.assignment import Assignment, Timeline
+from dsec.experiment.faults import Scenario, fault_schedule, scale_scenario
 from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
+from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
+from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
 
-ARMS = ("baseline", "dsec")
 SPARES_PER_ARM = 2
 WORKER_NICENESS = 19
-READY_TIMEOUT_S = 240.0
+READY_TIMEOUT_S = 600.0  # three arms of trainers at nice 19 on a busy host start slowly
+WATCHDOG_INTERVAL_S = 0.5
 
 
 class ExperimentError(RuntimeError):
@@ -43,6 +46,11 @@ class GoodputOptions:
     seed: int = 0
     bootstrap: str | None = None  # None: a broker of our own
     run_dir: Path | None = None
+    # Every worker's CPU work takes this many times as long (a slower host).
+    cpu_slowdown: float = 1.0
+    # Every wall-clock span of the scenario, and the run, stretched by this; None: by the
+    # host's measured update time over the reference host's (``slow_host``).
+    time_scale: float | None = 1.0
 
 
 @dataclass
@@ -52,9 +60,11 @@ class _Slot:
     process: subprocess.Popen
     incarnation: int = 0
     restart_at: float | None = None
+    assigned_at: float = 0.0
 
 
-def _spawn_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
+def _spawn_worker(env: dict[str, str], log_path: Path,
+                  cpu_slowdown: float = 1.0) -> subprocess.Popen:
     log = log_path.open("ab")
     ready_dir = log_path.parent / "ready"
     ready_dir.mkdir(exist_ok=True)
@@ -67,7 +77,8 @@ def _spawn_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
     # each one a whole session's share whatever its nice value, and 16 of them would
     # outweigh the broker and the stacks 16 to 1.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file)], env=env,
+        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown)],
+        env=env,
         stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
         preexec_fn=lambda: os.nice(WORKER_NICENESS))
     process.ready_file = ready_file  # type: ignore[attr-defined]
@@ -104,6 +115,42 @@ def _arm_env(bootstrap: str, prefix: str, arm_dir: Path, sockets_dir: Path,
     return env
 
 
+def _member_beats(members: list[_Slot], run_dir: Path) -> dict[int, Beat]:
+    """The live members' beats. A member that has not beaten since its assignment (the
+    beat file is its previous incarnation's, or none) is still starting (a spare taken
+    before it warmed up may take minutes on a busy host) and is not judged yet, as a
+    launcher watches a rank from its first heartbeat."""
+    beats = {}
+    for slot in members:
+        if slot.restart_at is not None or slot.process.poll() is not None:
+            continue
+        beat = read_beat(run_dir / slot.arm / "beats" / f"worker-{slot.index:03d}")
+        if beat is not None and beat.at_s >= slot.assigned_at:
+            beats[slot.index] = beat
+    return beats
+
+
+def _restart_stuck(slots: list[_Slot], run_dir: Path, now: float, watchdog: WatchdogConfig,
+                   collective_timeout_s: float, died: set[tuple[str, int]],
+                   workers_per_group: int) -> None:
+    """Kills the hung and the stuck, as each arm's launcher would; the supervisor loop then
+    restarts them like any dead worker."""
+    groups: dict[tuple[str, int], list[_Slot]] = {}
+    for slot in slots:
+        groups.setdefault((slot.arm, slot.index // workers_per_group), []).append(slot)
+    for key, members in groups.items():
+        arm = ARM_CONFIGS[key[0]]
+        kill = slots_to_restart(_member_beats(members, run_dir), now,
+                                watchdog if arm.progress_watchdog else None,
+                                collective_timeout_s, peer_died=key in died)
+        for slot in members:
+            if slot.index in kill:
+                slot.process.kill()
+                slot.process.wait()
+                Timeline(run_dir / slot.arm / f"timeline-{slot.index:03d}.jsonl").write(
+                    "death", cause="hang", detail="killed by the launcher: no step progress")
+
+
 def node_id(group: int) -> str:
     """The node a group's workers run on: one node per data-parallel group."""
     return f"node-{group:02d}"
@@ -125,7 +172,8 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
 
 
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
-    """Runs both arms at once; returns ``{"baseline": {...}, "dsec": {...}, ...}``."""
+    """Runs the arms at once; returns ``{"plain": {...}, "strong": {...}, "dsec": {...},
+    "run": {...}}``."""
     import torch.distributed as dist
 
     from dsec.actuators.channel import socket_path
@@ -135,6 +183,11 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     from dsec.schemas.settings import DsecSettings
     from dsec.services.stack import read_stack_state, stop_process
 
+    calibration_s = calibrate_update_s(SlowHost(options.cpu_slowdown))
+    time_scale = calibration_s / REFERENCE_UPDATE_S if options.time_scale is None \
+        else options.time_scale
+    scenario = scale_scenario(scenario, time_scale)
+    duration_s = options.duration_s * time_scale
     run_dir = Path(options.run_dir or tempfile.mkdtemp(prefix="dsec-goodput-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     started_s = time.monotonic()
@@ -162,14 +215,14 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             prefix = f"{run_id.replace('goodput-', 'gp')}-{arm}"
             arm_sockets = sockets_root / arm
             env = _arm_env(bootstrap, prefix, arm_dir, arm_sockets, f"{run_id}-{arm}",
-                           dry_run=arm == "baseline")
+                           dry_run=ARM_CONFIGS[arm].dry_run)
             envs[arm] = env
             settings = DsecSettings(bootstrap=bootstrap, topic_prefix=prefix,
                                     data_dir=arm_dir / "dsec-data")
             settings_by_arm[arm] = settings
             ensure_topics(settings)
             _publish_snapshot_period(settings, scenario.snapshot_interval_s,
-                                     dry_run=arm == "baseline")
+                                     dry_run=ARM_CONFIGS[arm].dry_run)
             log = (arm_dir / "stack.log").open("wb")
             services.append(subprocess.Popen(
                 [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap,
@@ -187,7 +240,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                     stderr=subprocess.STDOUT, start_new_session=True))
                 sockets.append(socket_path(arm_sockets, node_id(group)))
         plan_path = run_dir / "plan.json"
-        schedule = fault_schedule(scenario, options.workers, options.duration_s, options.seed)
+        schedule = fault_schedule(scenario, options.workers, duration_s, options.seed)
         plan_path.write_text(json.dumps({
             "scenario": scenario.model_dump(mode="json"),
             "schedule": [e.to_json() for e in schedule],
@@ -196,11 +249,13 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         spares: dict[str, list[subprocess.Popen]] = {arm: [] for arm in ARMS}
         for arm in ARMS:
             for index in range(options.workers):
-                process = _spawn_worker(envs[arm], run_dir / arm / f"worker-{index:03d}.log")
+                process = _spawn_worker(envs[arm], run_dir / arm / f"worker-{index:03d}.log",
+                                        options.cpu_slowdown)
                 processes.append(process)
                 slots.append(_Slot(arm, index, process))
             for _ in range(SPARES_PER_ARM):
-                spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log")
+                spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log",
+                                      options.cpu_slowdown)
                 processes.append(spare)
                 spares[arm].append(spare)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -218,7 +273,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         _wait_ready([slot.process for slot in slots]
                     + [spare for arm in ARMS for spare in spares[arm]], deadline)
         t0 = time.time() + 1.0
-        end_at = t0 + options.duration_s
+        end_at = t0 + duration_s
 
         def assignment(slot: _Slot) -> Assignment:
             return Assignment(
@@ -233,18 +288,29 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 job_id=f"{run_id}-{slot.arm}")
 
         for slot in slots:
+            slot.assigned_at = time.time()
             _assign(slot.process, assignment(slot))
         exits: list[dict] = []
+        watchdog = WatchdogConfig(scenario.progress_timeout_updates,
+                                  scenario.progress_timeout_min_s)
+        watched_at = time.time()
+        died: set[tuple[str, int]] = set()
         while time.time() < end_at:
             now = time.time()
+            if died or now - watched_at >= WATCHDOG_INTERVAL_S:
+                _restart_stuck(slots, run_dir, now, watchdog, scenario.collective_timeout_s,
+                               died, options.workers_per_group)
+                watched_at, died = now, set()
             for slot in slots:
                 if slot.restart_at is not None:
                     if now >= slot.restart_at:
                         spare = spares[slot.arm].pop(0)
                         slot.process, slot.restart_at = spare, None
+                        slot.assigned_at = time.time()
                         _assign(spare, assignment(slot))
                         replacement = _spawn_worker(envs[slot.arm],
-                                                    run_dir / slot.arm / "spare.log")
+                                                    run_dir / slot.arm / "spare.log",
+                                                    options.cpu_slowdown)
                         processes.append(replacement)
                         spares[slot.arm].append(replacement)
                     continue
@@ -253,6 +319,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                     continue
                 exits.append({"arm": slot.arm, "slot": slot.index, "t": now, "code": code,
                               "incarnation": slot.incarnation})
+                died.add((slot.arm, slot.index // options.workers_per_group))
                 store.add(f"{slot.arm}/group-{slot.index // options.workers_per_group}/gen", 1)
                 slot.incarnation += 1
                 slot.restart_at = now + scenario.restart_delay_s
@@ -276,7 +343,10 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             result[arm] = {**arm_result.to_json(), "policy_decisions": counts,
                            "decision_timeline": decided}
         result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
-                         "duration_s": options.duration_s, "seed": options.seed,
+                         "duration_s": round(duration_s, 2), "seed": options.seed,
+                         "cpu_slowdown": options.cpu_slowdown,
+                         "calibration_update_s": round(calibration_s, 4),
+                         "time_scale": round(time_scale, 3),
                          "run_dir": str(run_dir), "faults": len(schedule),
                          "wall_s": round(time.monotonic() - started_s, 1)}
         (run_dir / "result.json").write_text(json.dumps(result))

@@ -76,6 +76,8 @@ class SimulatedGpu:
         self.fraction: float | None = None
         self.reclaimed_bytes = 0
         self.thermal_fault = False
+        # A straggling card: kernels this many times slower, at full clock and no heat.
+        self.slowdown = 1.0
         self._busy_s = 0.0
         self.busy_total_s = 0.0
         self._window_start_s = self._now()
@@ -146,7 +148,7 @@ class SimulatedGpu:
 
     def run_kernels(self, seconds_at_full_clock: float) -> float:
         """Simulated device compute: sleeps the kernel time at the current clock; returns it."""
-        duration_s = seconds_at_full_clock / self.clock_ratio
+        duration_s = seconds_at_full_clock / self.clock_ratio * self.slowdown
         time.sleep(duration_s)
         with self._lock:
             self._busy_s += duration_s

@@ -30,11 +30,14 @@ import dsec
 from dsec.actuators.effects import Effect
 from dsec.actuators.memory_cap import MemoryCap
 from dsec.actuators.restore import NoSnapshotError
+from dsec.experiment.arms import ARM_CONFIGS
 from dsec.experiment.assignment import Assignment, Timeline
+from dsec.experiment.async_checkpoint import AsyncCheckpointer, load_checkpoint
 from dsec.experiment.faults import FaultEvent
 from dsec.experiment.ppo import ActorCritic, PpoConfig, Rollout, build_rollout, ppo_loss
 from dsec.experiment.rollout_sampler import RolloutSampler
 from dsec.experiment.sim_gpu import SimulatedGpu, SimulatedOutOfMemoryError
+from dsec.experiment.slow_host import SlowHost
 from dsec.experiment.worker_faults import ScheduledFaults
 from dsec.experiment.worker_group import GroupSync
 from dsec.ingest import ProbeConfig
@@ -50,6 +53,9 @@ SIM_ACTIVATION_BYTES_PER_SAMPLE = 1 << 20
 INFERENCE_KERNEL_S = 0.002  # per rollout step (all envs batched)
 TRAIN_KERNEL_S = 0.03  # per minibatch (forward + backward + optimizer)
 ROLLOUT_WAIT_S = 0.05  # the training thread applies commands between waits for a rollout
+# The probe's names for where a worker resumed from (a survivor's weights in memory and an
+# asynchronous checkpoint are checkpoints of its own).
+RESUME_SOURCES = {"start": "scratch", "snapshot": "snapshot"}
 PROBE_CONFIG = ProbeConfig(
     heartbeat_interval_s=2.0, step_sample_every_n_steps=1, grad_norm_every_n_steps=1,
     grad_sync_timing=False, cuda_memory_interval_s=0, gpu_sample_interval_s=0,
@@ -98,11 +104,15 @@ def _warm_up() -> None:
 class ExperimentWorker:
     """One assigned worker: its model, probe and actuator hooks, faults and group."""
 
-    def __init__(self, a: Assignment, plan: dict[str, Any], assigned_s: float) -> None:
+    def __init__(self, a: Assignment, plan: dict[str, Any], assigned_s: float,
+                 slow_host: SlowHost | None = None) -> None:
         self.a = a
+        self.slow_host = slow_host or SlowHost()
+        self.arm = ARM_CONFIGS[a.arm]
         self.scenario = plan["scenario"]
         self.fault_params = self.scenario["faults"]
         born_s = time.time() - a.t0
+        self.born_s = born_s
         # A fault that struck an earlier incarnation of this worker does not strike it again.
         schedule = [FaultEvent(**{k: e[k] for k in ("kind", "worker", "start_s", "end_s")})
                     for e in plan["schedule"] if e["worker"] == a.slot]
@@ -131,13 +141,23 @@ class ExperimentWorker:
         self.nvml = NvmlSampler(self.runtime.probe, 0.5, nvml=self.gpu).start()
         self.snapshot_dir = a.arm_dir / "snapshots" / f"worker-{a.slot:03d}"
         self.updates = 0
+        self.mode = (1, "fp32")  # the group's accumulation window and precision last run
         dsec.enable_snapshots(self.model, self.optimizer, directory=str(self.snapshot_dir),
                               extra_state=lambda: {"updates": self.updates})
         self.runtime.hooks.observe(self._record_effect)
 
         self.group = GroupSync(a, self.params, self.optimizer, self.controls,
-                               self.runtime.probe, self.faults)
+                               self.runtime.probe, self.faults,
+                               self.scenario.get("collective_timeout_s", 20.0))
         self.checkpoint_path = a.arm_dir / f"checkpoint-group-{a.group}.pt"
+        self.async_checkpoints = AsyncCheckpointer(
+            a.arm_dir / "async-checkpoints" / f"worker-{a.slot:03d}.pt",
+            self.scenario["snapshot_interval_s"],
+            on_written=lambda updates: self.timeline.write("async_checkpoint",
+                                                           updates=updates)) \
+            if self.arm.async_checkpoints else None
+        # Whether this process holds trained weights an elastic re-formation keeps.
+        self.trained_in_memory = False
         self.envs = [gym.make("CartPole-v1") for _ in range(self.config.envs)]
         self.obs = np.stack([env.reset(seed=int(self.rng.integers(1 << 30)))[0]
                              for env in self.envs])
@@ -167,27 +187,37 @@ class ExperimentWorker:
         os._exit(CRASH_EXIT)
 
     def load_resume_point(self) -> tuple[int, str]:
-        """The group's resume point: the last full checkpoint; in the dsec arm, the newer
-        of it and this worker's latest dsec snapshot."""
-        ckpt_updates, snap_updates = -1, -1
-        if self.checkpoint_path.exists():
-            ckpt = torch.load(self.checkpoint_path, weights_only=False)
+        """The group's resume point: under an elastic launcher, a survivor's weights in
+        memory; else the last full checkpoint, or the newer of it and this worker's latest
+        asynchronous checkpoint (strong arm) or dsec snapshot (dsec arm)."""
+        if self.arm.elastic and self.trained_in_memory:
+            return self.updates, "memory"
+        ckpt_updates, newer_updates = -1, -1
+        ckpt = load_checkpoint(self.checkpoint_path)
+        if ckpt is not None:
             ckpt_updates = int(ckpt["updates"])
-        restored = None
-        if self.a.arm == "dsec":
+        newer: tuple[dict, dict | None] | None = None
+        source = "checkpoint"
+        if self.arm.dsec_snapshots:
             try:
                 restored = dsec.restore(str(self.snapshot_dir), None, None, restore_rng=False,
                                         report=False)
-                snap_updates = int(restored.meta.get("updates", -1))
+                newer_updates = int(restored.meta.get("updates", -1))
+                newer, source = (restored.model_state(), restored.optimizer_state()), "snapshot"
             except NoSnapshotError:
-                restored = None
-        if snap_updates > ckpt_updates and restored is not None:
-            self.model.load_state_dict(restored.model_state())
-            optimizer_state = restored.optimizer_state()
+                newer = None
+        elif self.async_checkpoints is not None:
+            staged = load_checkpoint(self.async_checkpoints.path)
+            if staged is not None:
+                newer_updates = int(staged["updates"])
+                newer, source = (staged["model"], staged["optimizer"]), "async_checkpoint"
+        if newer_updates > ckpt_updates and newer is not None:
+            model_state, optimizer_state = newer
+            self.model.load_state_dict(model_state)
             if optimizer_state is not None:
                 self.optimizer.load_state_dict(optimizer_state)
-            return snap_updates, "snapshot"
-        if ckpt_updates >= 0:
+            return newer_updates, source
+        if ckpt is not None and ckpt_updates >= 0:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             return ckpt_updates, "checkpoint"
@@ -198,6 +228,10 @@ class ExperimentWorker:
         return 0, "start"
 
     def rollout(self) -> Any:
+        with self.slow_host.stretch():
+            return self._collect()
+
+    def _collect(self) -> Any:
         steps, n = self.config.rollout_steps, self.config.envs
         b_obs = np.zeros((steps, n, 4), np.float32)
         b_act = np.zeros((steps, n), np.int64)
@@ -266,6 +300,7 @@ class ExperimentWorker:
                     # applied after the last step (a precision downgrade) is in force for
                     # the next one, not one update later.
                     window, dtype = self.group.settings()
+                    self.mode = (window, dtype)
                     # the group's window is this worker's in force; the probe then takes
                     # norms per micro-step while it is above 1
                     self.controls.grad_accumulation.run_window(window)
@@ -319,6 +354,7 @@ class ExperimentWorker:
             batch = self.rollouts.take(ROLLOUT_WAIT_S)
             if batch is not None:
                 return batch
+            self.group.beat()
             dsec.apply_pending()
             if self.rollouts.parked:
                 return None
@@ -328,7 +364,13 @@ class ExperimentWorker:
         t_start, busy_before_s = time.time(), self.gpu.busy_total_s
         if self.faults.crash_due():
             self.die("crash", "injected crash")
+        if self.faults.card_failure_due(self.born_s):
+            self.die("xid", "injected card failure (flaky card)")
+        if self.faults.hang_due():
+            self._hang()
+            return
         self.gpu.thermal_fault = bool(self.faults.active("thermal_throttle"))
+        self.gpu.slowdown = self.faults.slowdown()
         if not self.faults.active("memory_leak"):
             self.gpu.release_held()  # the leak's live tensors go with the fault
         batch = self._next_rollout()
@@ -337,16 +379,30 @@ class ExperimentWorker:
         if batch is not None:
             self.gpu.set_working_set(SIM_BASE_BYTES + SIM_ACTIVATION_BYTES_PER_SAMPLE
                                      * batch.obs.shape[0])
-        with self.rollouts.weights:
+        with self.rollouts.weights, self.slow_host.stretch():
             self.train(batch)
         if batch is not None:
             self.rollouts.request()  # the next rollout, with the weights just updated
         self.updates += 1
+        self.group.progress.record_update(time.time() - t_start)
+        window, dtype = self.mode
         self.timeline.write("update" if batch is not None else "paused_update",
                             updates=self.updates, dur=round(time.time() - t_start, 4),
+                            window=window, dtype=dtype,
+                            bits=self.controls.grad_compression.bits,
                             busy_s=round(self.gpu.busy_total_s - busy_before_s, 4),
                             mem_gib=round(self.gpu.used_bytes / GIB, 2))
+        self.trained_in_memory = True
         self._checkpoint_if_due()
+        if self.async_checkpoints is not None and self.async_checkpoints.due():
+            self.async_checkpoints.save(self.model, self.optimizer, self.updates)
+
+    def _hang(self) -> None:
+        """A silent hang: the training loop stops for good; the process, its heartbeat
+        thread and its sockets live on until something kills it or the run ends."""
+        self.timeline.write("hang")
+        while time.time() < self.a.end_at:
+            time.sleep(0.2)
 
     def _train_in_group(self, gen: int) -> int:
         """Trains in generation ``gen`` of the group until the run ends (-1) or a member is
@@ -366,7 +422,7 @@ class ExperimentWorker:
         self.timeline.write("resume", updates=updates, source=source,
                             restore_s=round(time.time() - started, 4), gen=gen)
         if gen > 0 or updates > 0:  # a resume, not the first start of the run
-            dsec.report_resume("scratch" if source == "start" else source,
+            dsec.report_resume(RESUME_SOURCES.get(source, "checkpoint"),
                                time.time() - started)
         try:
             while time.time() < self.a.end_at:
@@ -377,6 +433,8 @@ class ExperimentWorker:
         except RuntimeError as exc:  # a member of the group is gone
             if time.time() >= self.a.end_at:
                 return -1
+            if self.group.timed_out():  # as the NCCL watchdog ends a trainer whose
+                self.die("collective_timeout", str(exc))  # collective timed out
             self.timeline.write("group_abort", error=str(exc)[:200])
             self.group.leave(gen)
             return self.group.join()
@@ -402,6 +460,7 @@ def main() -> int:
     _warm_up()
     if len(sys.argv) > 1:  # the supervisor's ready file: this process can take over now
         Path(sys.argv[1]).touch()
+    slow_host = SlowHost(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -409,7 +468,7 @@ def main() -> int:
     assigned_s = time.time()
     torch.set_num_threads(1)
     plan = json.loads(Path(assignment.scenario_file).read_text())
-    ExperimentWorker(assignment, plan, assigned_s).run(assigned_s)
+    ExperimentWorker(assignment, plan, assigned_s, slow_host).run(assigned_s)
     os._exit(0)
 
 

@@ -41,6 +41,23 @@ class ScheduledFaults:
         t_s = self._run_time_s()
         return any(e.kind == "crash" and e.start_s <= t_s for e in self.schedule)
 
+    def hang_due(self) -> bool:
+        t_s = self._run_time_s()
+        return any(e.kind == "silent_hang" and e.start_s <= t_s for e in self.schedule)
+
+    def slowdown(self) -> float:
+        """How many times slower the card runs now (stragglers)."""
+        factors = [self._params["straggler"]["slowdown"] for _ in self.active("straggler")]
+        return max(factors, default=1.0)
+
+    def card_failure_due(self, born_s: float) -> bool:
+        """Whether the flaky card under this worker fails now: ``fail_after_s`` after the
+        later of the fault's start and this worker's start."""
+        t_s = self._run_time_s()
+        fail_after_s = self._params.get("flaky_card", {}).get("fail_after_s", 0.0)
+        return any(t_s >= max(e.start_s, born_s) + fail_after_s
+                   for e in self.active("flaky_card"))
+
     def param(self, kind: str, name: str) -> Any:
         return self._params[kind][name]
 

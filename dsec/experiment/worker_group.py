@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from dsec.actuators.grad_compression import dequantise_gradient, quantise_gradient
 from dsec.experiment.assignment import Assignment
+from dsec.experiment.progress import ProgressBeat
 from dsec.experiment.worker_faults import ScheduledFaults, wire_bytes
 
 PRECISION_CODES = ("fp32", "bf16", "fp16")
@@ -20,8 +21,12 @@ PRECISION_CODES = ("fp32", "bf16", "fp16")
 class GroupSync:
     def __init__(self, assignment: Assignment, params: list[torch.Tensor],
                  optimizer: torch.optim.Optimizer, controls: Any, probe: Any,
-                 faults: ScheduledFaults) -> None:
+                 faults: ScheduledFaults, collective_timeout_s: float = 20.0) -> None:
         self._a = assignment
+        self.collective_timeout_s = collective_timeout_s
+        self._collective_timeout = timedelta(seconds=collective_timeout_s)
+        self.progress = ProgressBeat(assignment.arm_dir / "beats" / f"worker-{assignment.slot:03d}")
+        self.last_beat_s = time.time()
         self._params = params
         self._optimizer = optimizer
         self._controls = controls
@@ -37,6 +42,7 @@ class GroupSync:
         """Joins the group's current generation; -1 once the run is over."""
         a = self._a
         while True:
+            self.beat()
             if time.time() > a.end_at:
                 return -1
             gen = int(self._store.get(self._gen_key))
@@ -44,7 +50,7 @@ class GroupSync:
                 dist.init_process_group(
                     "gloo",
                     store=dist.PrefixStore(f"{a.arm}/group-{a.group}/{gen}/", self._store),
-                    rank=a.rank, world_size=a.group_size, timeout=timedelta(seconds=20))
+                    rank=a.rank, world_size=a.group_size, timeout=self._collective_timeout)
                 return gen
             except Exception:
                 if dist.is_initialized():
@@ -55,7 +61,18 @@ class GroupSync:
         if dist.is_initialized():
             dist.destroy_process_group()
         while int(self._store.get(self._gen_key)) == gen and time.time() < self._a.end_at:
+            self.beat()
             time.sleep(0.05)
+
+    def beat(self) -> None:
+        """The training loop is making progress (entering a collective, re-forming)."""
+        self.last_beat_s = time.time()
+        self.progress.beat()
+
+    def timed_out(self) -> bool:
+        """Whether the collective that just failed waited out its timeout (a peer that
+        stopped stepping) rather than losing its peer (a dead process)."""
+        return time.time() - self.last_beat_s >= 0.9 * self.collective_timeout_s
 
     def _adam_tensors(self) -> list[torch.Tensor]:
         out = []
@@ -89,6 +106,7 @@ class GroupSync:
         with loss scaling) any member was switched to, and every member's GradScaler then
         sees the same synchronised gradients and keeps the same scale."""
         controls = self._controls
+        self.beat()
         # what this member was asked for, not what the group ran last
         control = torch.tensor([controls.grad_accumulation.requested,
                                 PRECISION_CODES.index(controls.precision.requested)])
@@ -103,6 +121,7 @@ class GroupSync:
         """The group's weighted average of its members' gradients into this worker's: a
         member weighs in at 2**(its sync priority), one without data (its sampler
         paused) at 0. False, and nothing changed, when no member contributed."""
+        self.beat()
         flat = torch.cat([p.grad.reshape(-1) for p in self._params])
         compression = self._controls.grad_compression
         bits = compression.take(compression.bits)

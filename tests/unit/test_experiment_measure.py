@@ -85,3 +85,28 @@ def test_only_applied_actions_count_and_the_other_outcomes_are_kept_apart() -> N
     assert arm.actions_not_applied == {"memory_cap:deferred": 1, "sync_priority:unsupported": 1}
     assert [a["t"] for a in arm.action_timeline] == [2.0]
     assert arm.effective_training_time_ratio == 0.0  # a paused worker's updates are not its own
+
+
+def test_degraded_time_by_mode_and_what_a_paused_step_contributes() -> None:
+    events = [
+        {"e": "resume", "t": 0.0, "updates": 0},
+        _update(1.0, 1),
+        {**_update(2.0, 2), "dtype": "fp16", "window": 2},
+        {**_update(3.0, 3), "bits": 4},
+        {"e": "paused_update", "t": 4.0, "updates": 4, "dur": 1.0},
+    ]
+    measure = measure_worker(events, 0.0, 4.0)
+    assert measure.degraded_s == {"fp16": 1.0, "accumulation": 1.0, "4-bit": 1.0,
+                                  "sampler_paused": 1.0}
+    assert measure.degraded_any_s == 3.0
+    assert measure.productive_s == 3.0  # the paused step contributed no data
+    assert measure.updates_done == 4
+    arm = measure_arm({0: events}, 0.0, 4.0)
+    assert arm.degraded_ratio == pytest.approx(0.75)
+    assert arm.steps_per_s == pytest.approx(4 * OPTIMIZER_STEPS_PER_UPDATE / 4.0)
+
+
+def test_the_area_under_the_return_curve_counts_empty_stretches_as_nothing() -> None:
+    from dsec.experiment.measure import return_auc
+
+    assert return_auc([10.0, None, 30.0], 0.0, 30.0) == pytest.approx(400.0)

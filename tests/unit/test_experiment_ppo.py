@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsec.experiment.ppo import ActorCritic, PpoConfig, build_rollout, gae, ppo_loss
+from dsec.experiment.ppo import ActorCritic, PpoConfig, build_rollout, gae, ppo_update
 
 
 def test_gae_with_lambda_one_is_the_discounted_return_minus_the_value() -> None:
@@ -61,15 +61,7 @@ def test_ppo_learns_cartpole_a_little() -> None:
             _, last = model(torch.as_tensor(obs))
         rollout = build_rollout(b_obs, b["act"].astype(np.int64), b["logp"], b["rew"],
                                 b["val"], b["done"], last.numpy(), config)
-        for _epoch in range(config.epochs):
-            for index in rollout.minibatches(config.minibatches, generator):
-                loss = ppo_loss(model, rollout.obs[index], rollout.actions[index],
-                                rollout.log_probs[index], rollout.advantages[index],
-                                rollout.returns[index], config)
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
+        ppo_update(model, optimizer, rollout, config, generator)
     early = np.mean([r for update in finished[:3] for r in update])
     late = np.mean([r for update in finished[-3:] for r in update])
     assert late > 2 * early

@@ -40,3 +40,40 @@ def test_a_crash_is_due_from_its_start_and_compression_shrinks_the_wire() -> Non
     clock[0] = 3.0
     assert faults.crash_due()
     assert wire_bytes(32) == 4 * wire_bytes(8) == 8 * wire_bytes(4)
+
+
+def test_a_nan_burst_without_precursor_strikes_at_once() -> None:
+    clock = [3.0]
+    faults = _faults([FaultEvent("nan_burst", 0, 3.0, 3.0)], clock)
+    assert math.isnan(faults.loss_factor())
+
+
+def test_a_straggler_slows_the_card_while_it_lasts_and_a_hang_never_ends() -> None:
+    clock = [0.0]
+    faults = ScheduledFaults([FaultEvent("straggler", 0, 1.0, 5.0),
+                              FaultEvent("silent_hang", 0, 8.0, 8.0)],
+                             {"straggler": {"slowdown": 3.0}}, lambda: clock[0],
+                             np.random.default_rng(0))
+    assert faults.slowdown() == 1.0 and not faults.hang_due()
+    clock[0] = 2.0
+    assert faults.slowdown() == 3.0
+    clock[0] = 9.0
+    assert faults.slowdown() == 1.0 and faults.hang_due()
+
+
+def test_a_flaky_card_fails_every_worker_started_on_it_while_the_fault_lasts() -> None:
+    clock = [0.0]
+    faults = ScheduledFaults([FaultEvent("flaky_card", 0, 10.0, 60.0)],
+                             {"flaky_card": {"fail_after_s": 5.0}}, lambda: clock[0],
+                             np.random.default_rng(0))
+    clock[0] = 14.0
+    assert not faults.card_failure_due(born_s=0.0)
+    clock[0] = 15.0
+    assert faults.card_failure_due(born_s=0.0)
+    # a replacement started at 20 s on the same card lasts 5 s too
+    clock[0] = 22.0
+    assert not faults.card_failure_due(born_s=20.0)
+    clock[0] = 25.0
+    assert faults.card_failure_due(born_s=20.0)
+    clock[0] = 70.0  # the card is healthy again
+    assert not faults.card_failure_due(born_s=20.0)

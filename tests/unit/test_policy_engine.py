@@ -22,6 +22,7 @@ TRIGGERS = {
     "periodic-snapshot": {},
     "gpu-degradation-snapshot": {"gpu_thermal_throttled": 1.0},
     "worker-lost": {"worker_lost": 1.0, "heartbeat_age_s": 20.0},
+    "worker-stalled": {"step_stalled_heartbeats": 6.0, "step_stalled_s": 12.0},
     "reward-variance-jump": {"reward_volatility_chance_per_h": 1e-4},
     "meta-breaker-trips": {"breaker_trips_per_hour": 5.0},
     "meta-snapshot-recovery": {"snapshot_recovery_time_s": 12.0},
