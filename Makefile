@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup native tools demo test test-fast bench lint up clean
+.PHONY: setup native tools demo test test-fast test-fuzz bench lint up clean
 
 setup: $(VENV)/.installed $(VENV)/.kafka-jars native
 
@@ -48,7 +48,11 @@ lint: setup
 test-fast: lint
 	$(BIN)/pytest tests/unit
 
-# Every tier: unit, integration (the real Kafka broker), deploy (Helm, Compose, image).
+# Every decoder of wire bytes against hostile inputs (hypothesis), no broker.
+test-fuzz: lint
+	$(BIN)/pytest tests/fuzz
+
+# Every tier: unit, fuzz, integration (the real Kafka broker), deploy (Helm, Compose, image).
 test: lint tools
 	$(BIN)/pytest
 

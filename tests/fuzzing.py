@@ -1,4 +1,4 @@
-"""Hypothesis settings of the fuzz tests (tests/unit/test_fuzz_*.py).
+"""Hypothesis settings of the fuzz tests (tests/fuzz/test_fuzz_*.py).
 
 Derandomized, so a CI run tries the same inputs every time and a failure reproduces; no
 deadline (a loaded machine must not fail a test), with each decoder's own time bound in
