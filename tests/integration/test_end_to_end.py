@@ -86,10 +86,12 @@ def test_variance_jump_snapshots_the_worker_and_the_result_is_stored(running_sta
                   f"WHERE worker_id = '{worker_id}' AND policy_name = 'reward-variance-jump'",
     ), 30, what="the actuation row")  # another topic: it may land after the result
     assert actuations == [["reward-variance-jump", "node-a"]]
-    kinds = dict(wait_for(lambda: _rows(
-        settings,
-        f"SELECT kind, count() FROM raw_metrics WHERE worker_id = '{worker_id}' GROUP BY kind",
-    ), 30, what="raw metrics"))
+    def stored_kinds() -> dict | None:  # the sink may still be writing the last batches
+        kinds = dict(_rows(settings, "SELECT kind, count() FROM raw_metrics "
+                                     f"WHERE worker_id = '{worker_id}' GROUP BY kind"))
+        return kinds if kinds.get("episode", 0) >= 40 else None
+
+    kinds = wait_for(stored_kinds, 60, what="every episode in raw metrics")
     assert kinds["episode"] == 40 and kinds["step"] >= 40 and kinds["heartbeat"] >= 1
     grad_norms = _rows(settings, "SELECT count() FROM raw_metrics WHERE worker_id = "
                                  f"'{worker_id}' AND kind = 'step' AND values['grad_norm'] > 0")
