@@ -44,7 +44,7 @@ lint: setup
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mkdocs build --strict --quiet
 
-# The unit tier alone: no broker, no services (under a minute and a half).
+# The unit tier alone: no broker, no services (about two minutes on 2 cores).
 test-fast: lint
 	$(BIN)/pytest tests/unit
 
