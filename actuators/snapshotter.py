@@ -47,6 +47,7 @@ from dsec.actuators.snapshot_store import (
     write_atomically,
 )
 from dsec.schemas import now_ms
+from dsec.schemas.units import duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class Snapshotter:
         meta["global_step"] = int(global_step)
         meta["compression_level"] = int(compression_level or self.config.zstd_level)
         self._jobs.put((seq, tensors, meta))
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        elapsed_ms = duration_ms(time.perf_counter() - started)
         self.stats.blocking_ms_total += elapsed_ms
         self.stats.blocking_ms.append(elapsed_ms)
         return seq
@@ -192,7 +193,7 @@ class Snapshotter:
             return 0.0
         started = time.perf_counter()
         self._copied.wait()
-        waited_ms = (time.perf_counter() - started) * 1000.0
+        waited_ms = duration_ms(time.perf_counter() - started)
         self.stats.blocking_ms_total += waited_ms
         if self.stats.blocking_ms:
             self.stats.blocking_ms[-1] += waited_ms
@@ -271,7 +272,7 @@ class Snapshotter:
             torch_dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in tensors.items()}
             codec = ChunkCodec(meta["compression_level"])
             written = self._encode_and_write(seq, arrays, meta, torch_dtypes, codec)
-            self.stats.last_encode_ms = (time.perf_counter() - started) * 1000.0
+            self.stats.last_encode_ms = duration_ms(time.perf_counter() - started)
             self.stats.taken += 1
             self.stats.last_seq = seq
             self.stats.last_bytes = written

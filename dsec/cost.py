@@ -24,6 +24,7 @@ from typing import Any
 from dsec.history import query
 from dsec.report import html_page, svg_chart
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.units import ms_to_s, s_to_ms
 
 __all__ = [
     "CostReport", "DegradedTime", "PoolCost", "Prices", "ServiceCost", "cost_report",
@@ -218,7 +219,7 @@ def _service_costs(run: Query, since_ms: int) -> list[ServiceCost]:
         # A process started inside the period counts from its start; one started before
         # from its first reading inside (what it used before that is not known here).
         cpu_s = float(last_cpu) - (0.0 if started_inside else float(first_cpu))
-        alive_s = (int(last_ms) - int(start_ms if started_inside else first_ms)) / 1000
+        alive_s = ms_to_s(int(last_ms) - int(start_ms if started_inside else first_ms))
         entry = totals.setdefault((service, host), [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += cpu_s / 3600
@@ -265,7 +266,7 @@ def experiment_difference(result: dict) -> dict[str, float | None]:
 def cost_report(settings: DsecSettings, since_ms: int, until_ms: int | None = None,
                 experiment: Path | None = None, run: Query | None = None) -> CostReport:
     """``run``: how queries are answered (default: the stored history)."""
-    until_ms = until_ms if until_ms is not None else int(time.time() * 1000)
+    until_ms = until_ms if until_ms is not None else s_to_ms(time.time())
     run = run or (lambda sql, params: query(settings, sql, params))
     pools = _pools(run, since_ms)
     report = CostReport(since_ms, until_ms, Prices.of(settings),

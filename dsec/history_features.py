@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 from dsec.history import HistoryError, query
 from dsec.schemas import FeatureEvent, WorkerIdentity
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.units import epoch_ms
 
 __all__ = ["parse_since", "stored_feature_events"]
 
@@ -34,9 +35,8 @@ def parse_since(text: str, now_ms: int) -> int:
         raise ValueError(f"--since {text!r}: give a span (2h, 30m, 1d) or an ISO date and "
                          "time") from None
     if moment.tzinfo is None:
-        return int(moment.timestamp() * 1000) - int(moment.astimezone().utcoffset()
-                                                     .total_seconds() * 1000)
-    return int(moment.timestamp() * 1000)
+        moment = moment.replace(tzinfo=UTC)
+    return epoch_ms(moment)
 
 
 def stored_feature_events(settings: DsecSettings, since_ms: int, until_ms: int | None = None,

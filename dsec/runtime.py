@@ -34,6 +34,7 @@ from dsec.schemas import (
     topic_names,
 )
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.units import s_to_ms
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def probe_transport(settings: DsecSettings, identity: WorkerIdentity, config: Pr
             settings,
             client_id=f"dsec-probe-{identity.worker_id}",
             **{
-                "message.timeout.ms": int(config.message_timeout_s * 1000),
+                "message.timeout.ms": s_to_ms(config.message_timeout_s),
                 "queue.buffering.max.messages": config.transport_queue_max_messages,
             },
             **({} if kafka_logger is None else {"logger": kafka_logger}),

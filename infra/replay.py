@@ -11,6 +11,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
+from dsec.schemas.units import ms_to_s
+
 
 @dataclass
 class ReplayCounters:
@@ -56,7 +58,7 @@ def replay(
         if speed > 0 and event_time_ms is not None:
             if first_event_ms is None:
                 first_event_ms = event_time_ms
-            due = started + (event_time_ms - first_event_ms) / 1000.0 / speed
+            due = started + ms_to_s(event_time_ms - first_event_ms) / speed
             delay = due - clock()
             if delay > 0:
                 sleep(delay)

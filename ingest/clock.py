@@ -6,6 +6,7 @@ import time
 from typing import Protocol
 
 from dsec.schemas import now_ms
+from dsec.schemas.units import duration_ms
 
 
 class Clock(Protocol):
@@ -30,13 +31,13 @@ class ManualClock:
 
     def __init__(self, start_s: float = 1000.0, start_ms: int = 1_700_000_000_000) -> None:
         self._now_s = start_s
-        self._offset_ms = start_ms - round(start_s * 1000.0)
+        self._offset_ms = start_ms - round(duration_ms(start_s))
 
     def monotonic_s(self) -> float:
         return self._now_s
 
     def now_ms(self) -> int:
-        return self._offset_ms + round(self._now_s * 1000.0)
+        return self._offset_ms + round(duration_ms(self._now_s))
 
     def advance(self, by_s: float) -> None:
         if by_s < 0:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dsec.schemas.units import duration_ms
+
 log = logging.getLogger(__name__)
 
 ALL_REDUCE_OP = "all_reduce"
@@ -95,7 +97,7 @@ class GradSyncTimer:
                     return
                 self._pending_cuda.append((timing, end_event, ok, error_text))
             return
-        latency_ms = (time.perf_counter() - timing.started_s) * 1000.0
+        latency_ms = duration_ms(time.perf_counter() - timing.started_s)
         self._sink.record_grad_sync(
             timing.step, timing.nbytes, latency_ms, ok, timing.op, "wall_clock", error_text
         )

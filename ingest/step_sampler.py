@@ -20,6 +20,7 @@ from dsec.ingest.config import ProbeConfig
 from dsec.ingest.sampling import SpacedWork, smoothed
 from dsec.ingest.values import host_value, nonfinite_flags
 from dsec.schemas.metrics import MICRO_STEP
+from dsec.schemas.units import duration_ms, ms_to_s
 
 # Losses of steps between samples, waiting for the flusher's NaN/Inf check. Beyond this many
 # (a flusher held up for seconds on a fast loop) the oldest go unchecked.
@@ -211,8 +212,9 @@ class StepSampler:
         now_s = self._monotonic_s()
         step_time_ms = None
         if self._last_sample_s is not None and step > self._last_sample_step:
-            step_time_ms = (now_s - self._last_sample_s) * 1000.0 / (step - self._last_sample_step)
-            self._step_time_s = smoothed(self._step_time_s, step_time_ms / 1000.0)
+            steps = step - self._last_sample_step
+            step_time_ms = duration_ms(now_s - self._last_sample_s) / steps
+            self._step_time_s = smoothed(self._step_time_s, ms_to_s(step_time_ms))
         if step >= self._next_norm_step:  # this step was the norm's turn
             self._next_norm_step = step + self._norms.interval_steps
         if step >= self._next_sample_step:  # and the sample's

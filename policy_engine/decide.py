@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dsec.schemas.policies import DecisionKind, PolicySpec
+from dsec.schemas.units import duration_ms
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,11 @@ def _idle(
         return replace(state, pending_since_ms=None, suppressed_audited=False), None
     pending_since = state.pending_since_ms if state.pending_since_ms is not None else now_ms
     state = replace(state, pending_since_ms=pending_since)
-    if now_ms - pending_since < policy.for_s * 1000:
+    if now_ms - pending_since < duration_ms(policy.for_s):
         return state, None
     cooling = (
         state.last_fired_ms is not None
-        and now_ms - state.last_fired_ms < cooldown_s(policy, cooldown_floor_s) * 1000
+        and now_ms - state.last_fired_ms < duration_ms(cooldown_s(policy, cooldown_floor_s))
     )
     if cooling:
         if state.suppressed_audited:
@@ -91,7 +92,7 @@ def _active(
         state = replace(state, clear_since_ms=None)
         stage_since = state.stage_since_ms if state.stage_since_ms is not None else now_ms
         top = len(policy.effective_stages())
-        due = now_ms - stage_since >= policy.stage_interval_s * 1000
+        due = now_ms - stage_since >= duration_ms(policy.stage_interval_s)
         if state.stage < top and climb_holds and due:
             return (replace(state, stage=state.stage + 1, stage_since_ms=now_ms),
                     _outcome(policy, DecisionKind.STAGED_UP))
@@ -100,7 +101,7 @@ def _active(
         # Inside the hysteresis band: neither climb nor count towards coming down.
         return replace(state, clear_since_ms=None), None
     clear_since = state.clear_since_ms if state.clear_since_ms is not None else now_ms
-    if now_ms - clear_since < policy.hold_s * 1000:
+    if now_ms - clear_since < duration_ms(policy.hold_s):
         return replace(state, clear_since_ms=clear_since), None
     stage = state.stage - 1
     if stage == 0:

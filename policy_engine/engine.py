@@ -30,6 +30,7 @@ from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, Signer
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import DecisionKind, PolicySpec
 from dsec.schemas.pools import PoolSpec
+from dsec.schemas.units import s_to_ms
 
 __all__ = ["Engine", "EngineOutput", "actuation_id", "knob_key", "render_alert", "tuned"]
 
@@ -290,7 +291,7 @@ class Engine:
                                            values))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
-            cooldown_ms = int(cooldown_s(spec, self.limits.cooldown_floor_s) * 1000)
+            cooldown_ms = s_to_ms(cooldown_s(spec, self.limits.cooldown_floor_s))
             audit(kind, new.stage, f"cooling down until "
                   f"{(old.last_fired_ms or 0) + cooldown_ms}; {detail}")
             return
@@ -349,7 +350,7 @@ class Engine:
                                       event.identity.worker_id, *cause),
             event_time_ms=event.event_time_ms,
             target=event.identity,
-            expires_at_ms=event.event_time_ms + int(owner.ttl_s * 1000),
+            expires_at_ms=event.event_time_ms + s_to_ms(owner.ttl_s),
             policy_name=owner.name,
             policy_version=owner.version,
             action=action,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dsec.schemas import FeatureEvent
+from dsec.schemas.units import ms_to_s, s_to_ms
 
 __all__ = ["FeatureMemory", "FeatureView", "KnownFeatures"]
 
@@ -64,7 +65,7 @@ class FeatureView:
         """The values of ``names``, those older than ``max_age_s`` (if given) made missing."""
         if max_age_s is None:
             return {name: self.values[name] for name in names}
-        oldest_ms = self.event_times_ms - int(max_age_s * 1000)
+        oldest_ms = self.event_times_ms - s_to_ms(max_age_s)
         return {name: np.where(self.times_ms[name] >= oldest_ms, self.values[name], np.nan)
                 for name in names}
 
@@ -80,7 +81,7 @@ class FeatureView:
         """Row ``row``'s known values of ``names`` with their ages in seconds."""
         now_ms = int(self.event_times_ms[row])
         return {name: (float(self.values[name][row]),
-                       (now_ms - int(self.times_ms[name][row])) / 1000.0)
+                       ms_to_s(now_ms - int(self.times_ms[name][row])))
                 for name in sorted(names) if self.values[name][row] == self.values[name][row]}
 
 

@@ -15,6 +15,7 @@ from dsec.policy_engine.registry import PolicyRegistry
 from dsec.schemas import ActionKind, FeatureEvent
 from dsec.schemas.actuations import ActionParams
 from dsec.schemas.policies import PolicySpec
+from dsec.schemas.units import s_to_ms
 
 __all__ = [
     "OWNED_KINDS", "Grant", "KnobBoard", "KnobClaim", "KnobEntry", "knob_key",
@@ -108,7 +109,7 @@ class KnobBoard:
         if action.kind in _UNOWNED_KINDS:
             return spec, action, ""
         key, entry = self._entry(event, action.kind)
-        until_ms = event.event_time_ms + int(spec.ttl_s * 1000) if spec.one_shot else None
+        until_ms = event.event_time_ms + s_to_ms(spec.ttl_s) if spec.one_shot else None
         entry = replace(entry, claims={
             **entry.claims, spec.name: KnobClaim(spec.priority, until_ms, action)})
         top = entry.top()

@@ -15,6 +15,7 @@ import numpy as np
 
 from dsec.schemas.base import now_ms as clock_ms
 from dsec.schemas.codec import DecodeError
+from dsec.schemas.units import s_to_ms
 
 DAY_MS = 86_400_000
 
@@ -26,7 +27,7 @@ class EventTimeWindow:
 
     def bounds_ms(self, now_ms: int) -> tuple[int, int]:
         """The oldest and the newest time accepted at ``now_ms``, both inclusive."""
-        return now_ms - self.ttl_days * DAY_MS, now_ms + int(self.max_future_s * 1000)
+        return now_ms - self.ttl_days * DAY_MS, now_ms + s_to_ms(self.max_future_s)
 
 
 def event_time_problem(times_ms: np.ndarray, window: EventTimeWindow, now_ms: int) -> str | None:

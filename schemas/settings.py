@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsec.schemas.actuations import COMMAND_MAX_FUTURE_MS
 from dsec.schemas.event_times import EventTimeWindow
+from dsec.schemas.units import ms_to_s, s_to_ms
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
@@ -61,7 +62,7 @@ class DsecSettings(BaseSettings):
     trust_list: Path | None = None
     # How far ahead of an actuator's clock a signed command may be dated; one dated later
     # is rejected with the reason, not applied.
-    command_max_future_s: float = Field(default=COMMAND_MAX_FUTURE_MS / 1000, gt=0, le=3600)
+    command_max_future_s: float = Field(default=ms_to_s(COMMAND_MAX_FUTURE_MS), gt=0, le=3600)
     # where node actuators put their sockets; owner-only (default: <tmp>/dsec-<uid>)
     run_dir: Path | None = None
     # how a worker receives commands: "node" (the node actuator's socket), "kafka" (its own
@@ -145,7 +146,7 @@ class DsecSettings(BaseSettings):
         return f"http://{host}:{self.metrics_port}/healthz"
 
     def command_max_future_ms(self) -> int:
-        return int(self.command_max_future_s * 1000)
+        return s_to_ms(self.command_max_future_s)
 
     def run_directory(self) -> Path:
         if self.run_dir is not None:

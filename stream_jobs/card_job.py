@@ -25,6 +25,7 @@ from dsec.infra.records import Output, Record
 from dsec.schemas import DecodeError, FeatureEvent, WorkerIdentity, decode, now_ms
 from dsec.schemas.cards import CardReport
 from dsec.schemas.topics import TopicNames
+from dsec.schemas.units import s_to_ms
 from dsec.stream_jobs.metrics_job import derived_event_id
 
 __all__ = ["CARD_WINDOW", "CardJob", "CardMember", "CardState", "card_state_table"]
@@ -108,7 +109,7 @@ class CardJob:
         metrics job repeats its reports every 30 s)."""
         self.topics = topics
         self.states = states
-        self.member_ttl_ms = int(member_ttl_s * 1000)
+        self.member_ttl_ms = s_to_ms(member_ttl_s)
         self.clock_ms = clock_ms
         self.counters = CardCounters()
 

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from dsec.schemas.fleet import FleetInput
+from dsec.schemas.units import ms_to_s, s_to_ms
 
 __all__ = [
     "Bucket", "FleetConfig", "FleetState", "WorkerTrack", "add_input", "fleet_features",
@@ -38,7 +39,7 @@ class FleetConfig:
 
     @property
     def window_ms(self) -> int:
-        return int(self.window_s * 1000)
+        return s_to_ms(self.window_s)
 
     @property
     def bucket_ms(self) -> int:
@@ -212,7 +213,7 @@ def fleet_features(state: FleetState, now_ms: int, config: FleetConfig) -> dict[
     if recoveries > 0:
         out["snapshot_recovery_time_s"] = sum(b.snapshot_recovery_s for b in inside) / recoveries
     wall_s = sum(
-        max(0.0, now_ms - max(track.first_seen_ms, horizon_ms)) / 1000.0
+        ms_to_s(max(0.0, now_ms - max(track.first_seen_ms, horizon_ms)))
         for track in state.workers.values() if track.timed_steps
     )
     if wall_s > 0:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from dsec.schemas.frames import Frame
+from dsec.schemas.units import ms_to_s
 from dsec.stream_jobs import stats
 from dsec.stream_jobs.worker_state import CudaDevice, GpuState
 
@@ -32,7 +33,7 @@ def gpu_features(gpu: GpuState) -> dict[str, float]:
         "gpu_thermal_throttled": float(gpu.throttled),
     }
     growth = stats.linear_slope(
-        np.asarray(gpu.recent_times_ms) / 1000.0, np.asarray(gpu.recent_used_bytes))
+        ms_to_s(np.asarray(gpu.recent_times_ms)), np.asarray(gpu.recent_used_bytes))
     if growth is not None:
         out["gpu_memory_growth_bytes_per_s"] = growth
     if gpu.process_used_bytes is not None:

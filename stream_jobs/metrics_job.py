@@ -31,6 +31,7 @@ from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
+from dsec.schemas.units import s_to_ms
 from dsec.stream_jobs import card_reports, finite, worker_features
 from dsec.stream_jobs.runtime_features import runtime_features
 from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution
@@ -130,7 +131,7 @@ class MetricsJob:
         self.config = config or FeatureConfig()
         self.event_times = event_times or EventTimeWindow()
         self.clock_ms = clock_ms
-        self.card_report_interval_ms = int(card_report_interval_s * 1000)
+        self.card_report_interval_ms = s_to_ms(card_report_interval_s)
         self.counters = JobCounters()
         # partition -> the highest source offset processed here: a worker is judged silent
         # only where everything on its partition has been read.

@@ -27,6 +27,7 @@ from dsec.schemas.placement import (
     RegimeStats,
     WorkloadAffinityEvent,
 )
+from dsec.schemas.units import ms_to_s
 
 __all__ = [
     "PersonalityConfig", "PersonalityJob", "regime_of", "stability_score", "workload_of",
@@ -183,7 +184,7 @@ class PersonalityJob:
             return 0, 0, 0.0, _Worker(at_ms, values.get("gpu_oom_total", 0.0),
                                       values.get("recoveries_total", 0.0),
                                       values.get("worker_lost", 0.0) >= 1.0)
-        gap_s = min(max(at_ms - before.last_ms, 0) / 1000.0, self.config.max_gap_s)
+        gap_s = min(ms_to_s(max(at_ms - before.last_ms, 0)), self.config.max_gap_s)
         ooms = interruptions = 0
         oom_total = values.get("gpu_oom_total", before.oom_total)
         if oom_total > before.oom_total:

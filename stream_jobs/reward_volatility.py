@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dsec.schemas.units import duration_ms
 from dsec.stream_jobs import chance, stats
 
 __all__ = ["volatility_features"]
@@ -31,7 +32,7 @@ def volatility_features(
     """``reward_time_window_episodes`` always; ``reward_volatility_ratio`` and
     ``reward_volatility_chance_per_h`` once ``min_before`` returns came before the window."""
     times = np.asarray(times_ms, dtype=np.int64)
-    in_window = int((times >= times[-1] - window_s * 1000).sum()) if times.size else 0
+    in_window = int((times >= times[-1] - duration_ms(window_s)).sum()) if times.size else 0
     size = min(max(in_window, min_episodes), max_episodes, len(rewards))
     out = {"reward_time_window_episodes": float(size)}
     before = rewards[:len(rewards) - size]

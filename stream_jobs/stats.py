@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsec.schemas.units import ms_to_s
+
 
 @dataclass(frozen=True)
 class MeanVariance:
@@ -157,7 +159,7 @@ def growth_by_regime(
     order = np.argsort(times_ms, kind="stable")
     t, b, r = times_ms[order], used_bytes[order].astype(np.float64), regimes[order]
     same = r[1:] == r[:-1]
-    dt_s = (t[1:] - t[:-1]) / 1000.0
+    dt_s = ms_to_s(t[1:] - t[:-1])
     db = b[1:] - b[:-1]
     for regime in np.unique(r[1:][same]):
         mask = same & (r[1:] == regime)
@@ -189,7 +191,7 @@ def throughput_jitter(bytes_: np.ndarray, latency_ms: np.ndarray) -> float:
     usable = latency_ms > 0
     if usable.sum() < 2:
         return 0.0
-    return coefficient_of_variation(bytes_[usable] / (latency_ms[usable] / 1000.0))
+    return coefficient_of_variation(bytes_[usable] / ms_to_s(latency_ms[usable]))
 
 
 def linear_slope(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from dsec.schemas.units import ms_to_s
 from dsec.stream_jobs.worker_state import Heartbeat
 
 
@@ -28,6 +29,6 @@ def step_progress(previous: Heartbeat, steps: np.ndarray, now_ms: int,
             stalled += 1
     out["step_stalled_heartbeats"] = float(stalled)
     out["step_stalled_s"] = 0.0 if changed_ms is None or stalled == 0 \
-        else max(0.0, (now_ms - changed_ms) / 1000.0)
+        else max(0.0, ms_to_s(now_ms - changed_ms))
     return replace(previous, last_step=last_step, step_changed_ms=changed_ms,
                    stalled_beats=stalled)

@@ -15,6 +15,7 @@ import numpy as np
 from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
+from dsec.schemas.units import duration_ms, ms_to_s
 from dsec.stream_jobs import episode_endings, gpu_features, reward_volatility, stats
 from dsec.stream_jobs.step_progress import step_progress
 from dsec.stream_jobs.worker_state import (
@@ -200,7 +201,7 @@ def _episodes(window: EpisodeWindow, frame: Frame, config: FeatureConfig,
     out["episodes_total"] = float(episodes_total)
     out.update(stats.reward_window_features(rewards, size))
     times = np.asarray(reward_times_ms, dtype=np.int64)
-    recent = np.asarray(rewards)[times >= times.max() - config.reward_time_window_s * 1e3]
+    recent = np.asarray(rewards)[times >= times.max() - duration_ms(config.reward_time_window_s)]
     out["reward_variance_time_window"] = stats.mean_variance(recent.tolist()).variance
     rate_per_hour = episode_endings.episodes_per_hour(reward_times_ms)
     out.update(reward_volatility.volatility_features(
@@ -275,7 +276,7 @@ def _step_time(window: StepWindow, frame: Frame, sampled: np.ndarray) -> tuple[f
     covered = np.maximum(steps - previous, 0)
     times_ms = frame["step_time_ms"][sampled]
     known = np.isfinite(times_ms)
-    added_s = float(np.sum(times_ms[known] * covered[known])) / 1000.0
+    added_s = ms_to_s(float(np.sum(times_ms[known] * covered[known])))
     return window.step_time_s_total + added_s, int(steps[-1])
 
 
@@ -299,7 +300,7 @@ def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
     out["grad_sync_latency_p99_ms"] = p99
     out["grad_sync_success_rate"] = float(np.mean(new.ok_flags))
     times = np.asarray(new.times_ms, dtype=np.int64)
-    span_s = (times.max() - times.min()) / 1000.0
+    span_s = ms_to_s(times.max() - times.min())
     if span_s > 0:
         # The first sync opens the window: its bytes fall before the span starts.
         out["grad_sync_bytes_per_s"] = float(np.sum(new.sizes_bytes[1:]) / span_s)
@@ -405,7 +406,7 @@ def liveness(
     heartbeat = state.heartbeat
     if heartbeat.last_seen_ms is None or heartbeat.lost or not caught_up:
         return state, None
-    age_s = (now_ms - heartbeat.last_seen_ms) / 1000.0
+    age_s = ms_to_s(now_ms - heartbeat.last_seen_ms)
     if age_s <= config.lost_after_intervals * heartbeat.interval_s:
         return state, None
     lost = replace(state, heartbeat=replace(heartbeat, lost=True))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from dsec.cost import CostReport
+from dsec.schemas.units import from_epoch_ms
 
 Tables = dict[str, tuple[list[str], list[list[str]]]]
 
@@ -18,7 +17,7 @@ def _hours(value: float) -> str:
 
 
 def _when(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return from_epoch_ms(epoch_ms).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def cost_tables(report: CostReport) -> Tables:

@@ -25,6 +25,7 @@ from dsec.cli.policy import policy_app
 from dsec.cli.pool import pool_app
 from dsec.cli.run import RUN_CONTEXT, run_command
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.units import epoch_ms, s_to_ms
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
@@ -287,11 +288,11 @@ def _since_ms(since: str) -> int:
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", since.strip())
     if match:
         seconds = float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-        return int((time.time() - seconds) * 1000)
+        return s_to_ms(time.time() - seconds)
     moment = datetime.fromisoformat(since)
     if moment.tzinfo is None:
         raise ValueError(f"give a time zone with {since!r} (e.g. 2026-11-30T10:00:00+00:00)")
-    return int(moment.timestamp() * 1000)
+    return epoch_ms(moment)
 
 
 report_app = typer.Typer(invoke_without_command=True,

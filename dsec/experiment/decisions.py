@@ -16,6 +16,7 @@ from dsec.infra.kafka_clients import consumer_config
 from dsec.schemas import PolicyDecision, decode, topic_names
 from dsec.schemas.policies import DecisionKind
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.units import ms_to_s
 
 log = logging.getLogger(__name__)
 # Records of the policy set itself, not decisions about a worker.
@@ -52,7 +53,7 @@ class DecisionCounts(BatchWriter[list[PolicyDecision]]):
             self.counts[name] = self.counts.get(name, 0) + 1
             if kind in ACTING and decision.policy_name != UNTIMED_POLICY:
                 self.timeline.append({
-                    "t": round(decision.event_time_ms / 1000.0 - self.t0, 2),
+                    "t": round(ms_to_s(decision.event_time_ms) - self.t0, 2),
                     "policy": decision.policy_name, "decision": kind.value,
                     "stage": decision.stage,
                     "worker": decision.identity.worker_id if decision.identity else None,

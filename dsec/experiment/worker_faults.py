@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dsec.experiment.faults import FaultEvent
+from dsec.schemas.units import ms_to_s
 
 HEALTHY_LINK_BYTES_PER_S = 2e9
 SIM_GRAD_PARAMS = 2_500_000  # what the simulated model's gradient sync puts on the wire
@@ -68,7 +69,7 @@ class ScheduledFaults:
         if self.active("sync_jitter"):
             jitter = self._params["sync_jitter"]
             seconds = wire_bytes(bits) / jitter["degraded_bytes_per_s"]
-            seconds += abs(np.random.normal(0.0, jitter["jitter_ms"])) / 1000.0
+            seconds += ms_to_s(abs(np.random.normal(0.0, jitter["jitter_ms"])))
         for stall in self.active("sync_stall"):
             if stall.start_s not in self._used_stalls:
                 self._used_stalls.add(stall.start_s)

@@ -14,6 +14,7 @@ from dsec.actuators.grad_compression import dequantise_gradient, quantise_gradie
 from dsec.experiment.assignment import Assignment
 from dsec.experiment.progress import ProgressBeat
 from dsec.experiment.worker_faults import ScheduledFaults, wire_bytes
+from dsec.schemas.units import duration_ms
 
 PRECISION_CODES = ("fp32", "bf16", "fp16")
 
@@ -141,7 +142,7 @@ class GroupSync:
         weighted = torch.cat([flat * weight, flat.new_tensor([weight])])  # and the weight
         dist.all_reduce(weighted)
         self._probe.record_grad_sync(self._probe.global_step, wire_bytes(bits),
-                                     link_s * 1000.0, True, "all_reduce")
+                                     duration_ms(link_s), True, "all_reduce")
         total_weight = float(weighted[-1])
         if total_weight == 0.0:
             return False

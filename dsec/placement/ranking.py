@@ -24,6 +24,7 @@ from dsec.schemas.placement import (
     Recommendation,
     RecommendRequest,
 )
+from dsec.schemas.units import ms_to_s
 
 __all__ = ["PlacementConfig", "recommend"]
 
@@ -110,7 +111,7 @@ def _filtered_why(history: PlacementHistory, uuid: str, pool: str, request: Reco
     if health.state == "degraded":
         return (f"degraded since {health.since_ms} (gpu_health: {health.signal}"
                 f"{': ' + health.reason if health.reason else ''})")
-    healthy_s = (now_ms - health.since_ms) / 1000.0
+    healthy_s = ms_to_s(now_ms - health.since_ms)
     if healthy_s < config.hold_s:
         return (f"healthy for {max(healthy_s, 0):.0f} s of the {config.hold_s:.0f} s hold "
                 f"after being degraded (gpu_health: {health.signal})")

@@ -3,10 +3,10 @@ Alertmanager (a chat bridge, a pager) takes dsec's alerts as they are."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from dsec.schemas.alerts import AlertEvent, AlertStatus
+from dsec.schemas.units import from_epoch_ms
 
 __all__ = ["ZERO_TIME", "rfc3339", "webhook_payload"]
 
@@ -14,7 +14,7 @@ ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of an alert still fi
 
 
 def rfc3339(epoch_ms: int) -> str:
-    moment = datetime.fromtimestamp(epoch_ms / 1000.0, tz=UTC)
+    moment = from_epoch_ms(epoch_ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 

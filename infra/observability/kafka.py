@@ -9,6 +9,7 @@ import logging
 import orjson
 
 from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
+from dsec.schemas.units import s_to_ms
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class ConsumerLag:
 
     def client_config(self, interval_s: float = 5.0) -> dict:
         """What to add to the consumer's configuration."""
-        return {"statistics.interval.ms": int(interval_s * 1000), "stats_cb": self.on_statistics}
+        return {"statistics.interval.ms": s_to_ms(interval_s), "stats_cb": self.on_statistics}
 
     def on_statistics(self, raw: str) -> None:
         try:

@@ -10,14 +10,15 @@ import orjson
 
 from dsec.infra.store.raw_columns import raw_table_name
 from dsec.schemas.frames import FIELD_DTYPES
+from dsec.schemas.units import epoch_ms
 
 Query = Callable[[str, dict], dict]  # (sql, parameters) -> {"columns": [...], "rows": [...]}
 
 
 def _epoch_ms(value: object) -> int:
     if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return int(datetime.fromisoformat(str(value)).timestamp() * 1000)
+        return epoch_ms(value)
+    return epoch_ms(datetime.fromisoformat(str(value)))
 
 
 def export_batches(query: Query, since_ms: int, job_id: str | None = None) -> Iterator[bytes]:

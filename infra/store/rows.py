@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import orjson
 
@@ -16,13 +16,14 @@ from dsec.schemas import (
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
 from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
+from dsec.schemas.units import from_epoch_ms
 from dsec.schemas.usage import ProcessUsage
 
 Row = list
 
 
 def ms_to_datetime(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000.0, tz=UTC)
+    return from_epoch_ms(epoch_ms)
 
 
 FEATURE_COLUMNS = [

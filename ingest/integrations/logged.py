@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dsec.schemas.units import duration_ms
+
 
 class LoggedSink(Protocol):
     def record_logged_step(self, step: int, loss: Any = None, grad_norm: Any = None,
@@ -56,7 +58,7 @@ def record_logged(sink: LoggedSink, step: int, metrics: Mapping[str, Any],
     stepped = loss is not None or grad_norm is not None
     if stepped:
         sink.record_logged_step(step, loss, grad_norm,
-                                None if step_time_s is None else step_time_s * 1000.0)
+                                None if step_time_s is None else duration_ms(step_time_s))
     reward = first_number(metrics, keys.reward)
     if reward is None or not math.isfinite(reward):
         return stepped, False
