@@ -438,9 +438,23 @@ class ConsumerLoop(Generic[Batch]):
         if self.config.start is Start.END:
             stored.update({key: high for key, (_low, high)
                            in self._watermarks(consumer, unplaced).items()})
+        elif self.config.start is Start.COMMITTED and self._resets_to_end() and unplaced:
+            # A partition the group never committed starts at its end as read now, not as
+            # librdkafka resolves "latest" on its first fetch: that lookup can come after a
+            # message produced once ``wait_assigned`` returned, which would be skipped.
+            committed = consumer.committed(
+                [TopicPartition(tp.topic, tp.partition) for tp in unplaced],
+                timeout=self.config.metadata_timeout_s)
+            fresh = [tp for tp in committed if tp.offset < 0]
+            stored.update({key: high for key, (_low, high)
+                           in self._watermarks(consumer, fresh).items()})
         default = OFFSET_BEGINNING if self.config.start is Start.BEGINNING else OFFSET_STORED
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), default)
+
+    def _resets_to_end(self) -> bool:
+        reset = str(self._client_config.get("auto.offset.reset", "")).lower()
+        return reset in ("latest", "largest", "end")
 
     def _read_end_offsets(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         for key, (low, high) in self._watermarks(consumer, partitions).items():

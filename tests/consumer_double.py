@@ -106,6 +106,13 @@ class InMemoryConsumer:
                                self._positions.get((tp.topic, tp.partition), -1001))
                 for tp in partitions]
 
+    def committed(self, partitions: list[TopicPartition],
+                  timeout: float | None = None) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition,
+                               self._log.committed.get((self._group, tp.topic, tp.partition),
+                                                       OFFSET_INVALID))
+                for tp in partitions]
+
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
         return 0, len(self._log.topics[tp.topic][tp.partition])

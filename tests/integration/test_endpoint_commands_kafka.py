@@ -46,9 +46,6 @@ def _results(settings) -> Consumer:
     return consumer
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent: in about one run of three after other integration tests no result comes "
-    "within 60 s (alone it passes, 0.6-0.8 s); where the command stops is not found yet"))
 def test_a_worker_in_endpoint_mode_fetches_its_command_and_reports_it_through_the_gateway(
         settings, tmp_path) -> None:
     signer = signer_for(settings, KeyRole.COMMAND_SIGNER)  # the local keys and trust list

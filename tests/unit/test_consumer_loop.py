@@ -199,6 +199,26 @@ def test_an_assigned_loop_from_the_end_reads_only_what_comes_after_assignment() 
     assert sorted(writer.written) == [b"new-0", b"new-1"] and log.commits == []
 
 
+def test_a_new_group_that_resets_to_latest_reads_what_comes_after_assignment() -> None:
+    """A group without committed offsets and ``auto.offset.reset=latest`` starts where the
+    partitions ended when it took them (read then, not at the client's first fetch), and
+    a partition the group committed resumes there."""
+    log = _log([b"old-0", b"old-1", b"old-2", b"old-3"], partitions=2)
+    log.committed[("g", "t", 1)] = 1  # resumes at old-3
+    writer = ListWriter(stop_after=3)
+    loop = ConsumerLoop(
+        ConsumerLoopConfig(("t",), "g", return_on_first=True), {"auto.offset.reset": "latest"},
+        writer, lambda message, reason: None, service="test", consumer_factory=log.consumer)
+    writer.loop = loop
+    runner = threading.Thread(target=loop.run, kwargs={"timeout_s": SAFETY_S})
+    runner.start()
+    assert loop.wait_assigned(SAFETY_S)
+    log.append("t", b"new-0", partition=0, partitions=2)
+    log.append("t", b"new-1", partition=1, partitions=2)
+    runner.join(SAFETY_S)
+    assert sorted(writer.written) == [b"new-0", b"new-1", b"old-3"]
+
+
 def test_a_round_ending_at_the_first_message_still_takes_what_was_fetched() -> None:
     log = _log([b"%d" % n for n in range(10)])
     writer = ListWriter(stop_after=10)
