@@ -9,6 +9,9 @@
    metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
    is not counted, and it includes features, GPU profiles and the ClickHouse writes.
+4. The limit side (``pipeline_limit``): a bare consumer that decodes and inserts the raw
+   samples into plain MergeTree tables, no features and no deduplication;
+   ``ratio_to_limit`` is the pipeline's rate over its rate.
 
 Each side's CPU time per million samples is printed too (the bare consumer's process, the
 stream-job process and the sink's; Linux only): what each costs, whatever the rates.
@@ -27,12 +30,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import orjson
-import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.pipeline_limit import decoded_columns, limit_rate
 from dsec.bench.traces import TraceIdentity, training_batch
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka
@@ -83,13 +85,8 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
 def _decode_columns(document: dict) -> int:
     """What a bare consumer does with a message: every column into an array (with the
     stream jobs' base64 decoder, so that only the work around it differs)."""
-    samples = 0
-    for columns in document["columns"].values():
-        for value in columns.values():
-            array = (np.frombuffer(pybase64.b64decode(value["data"]), dtype=value["dtype"])
-                     if isinstance(value, dict) else np.asarray(value))
-        samples += array.size
-    return samples
+    return sum(next(iter(columns.values())).size
+               for columns in decoded_columns(document).values() if columns)
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -256,6 +253,8 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         topic = topic_names(settings.topic_prefix).metrics
         messages = _fill(settings, topic, options)
         raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
+        limit_samples_per_s, limit_messages_per_s, limit_cpu = limit_rate(
+            settings, topic, messages, work / "limit-store")
         pipeline = _pipeline_rate(settings, topic, messages, options, settings.data_dir)
         # a bench whose messages were dead-lettered measured the wrong path: say so
         dead_letters = _messages_in(settings, topic_names(settings.topic_prefix).dead_letters)
@@ -265,10 +264,14 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             "pipeline_samples_per_s": round(pipeline["pipeline_samples_per_s"]),
             "pipeline_messages_per_s": round(pipeline["pipeline_messages_per_s"]),
             "ratio": round(pipeline["pipeline_samples_per_s"] / raw_samples_per_s, 3),
+            "limit_samples_per_s": round(limit_samples_per_s),
+            "limit_messages_per_s": round(limit_messages_per_s),
+            "ratio_to_limit": round(pipeline["pipeline_samples_per_s"] / limit_samples_per_s, 3),
             "stream_job_samples_per_s": round(pipeline["stream_job_samples_per_s"]),
             "sink_samples_per_s": round(pipeline["sink_samples_per_s"]),
             "cpu_s_per_million_samples": {
                 "raw": raw_cpu,
+                "limit": limit_cpu,
                 "stream_job": pipeline["stream_job_cpu_s_per_million_samples"],
                 "sink": pipeline["sink_cpu_s_per_million_samples"],
             },

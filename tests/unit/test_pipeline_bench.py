@@ -39,3 +39,33 @@ def test_a_child_is_found_and_a_gone_process_has_no_cpu_time() -> None:
         child.kill()
         child.wait()
     assert _cpu_s(child.pid) is None
+
+
+def test_the_limit_side_stores_every_decoded_sample_in_plain_tables(tmp_path) -> None:
+    """What the limit side inserts: each kind's columns of the probe's packed batches, in
+    plain MergeTree tables, every sample once; a field a batch lacks is null."""
+    import orjson
+
+    from dsec.bench.pipeline_limit import arrow_tables, decoded_columns, limit_table_statements
+    from dsec.bench.traces import TraceIdentity, training_batch
+    from dsec.infra.store.clickhouse import connect
+    from dsec.schemas.metrics import encode_packed
+
+    identity = TraceIdentity(job_id="j", worker_id="w-0", node_id="n", start_ms=1_700_000_000_000)
+    documents = [decoded_columns(orjson.loads(encode_packed(training_batch(identity, i, 50))))
+                 for i in range(3)]
+    del documents[1]["step"]["grad_norm"]  # a batch without one field
+    expected = {kind: sum(d[kind]["event_time_ms"].size for d in documents if kind in d)
+                for kind in documents[0]}
+    client = connect(f"chdb://{tmp_path / 'limit'}")
+    try:
+        for statement in limit_table_statements():
+            client.command(statement)
+        for kind, table in arrow_tables(documents).items():
+            client.insert_arrow(f"limit_{kind}", table)
+        for kind, samples in expected.items():
+            assert client.command(f"SELECT count() FROM limit_{kind}") == samples
+        assert client.command("SELECT countIf(grad_norm IS NULL) FROM limit_step") == (
+            documents[1]["step"]["event_time_ms"].size)
+    finally:
+        client.close()
