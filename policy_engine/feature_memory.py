@@ -94,33 +94,47 @@ class FeatureMemory:
         """Merges ``events`` (in order) into the memory and gives the batch's view of
         ``names``: each row sees its target's values as of its own event."""
         rows = len(events)
-        values = {name: np.full(rows, np.nan) for name in names}
-        times_ms = {name: np.zeros(rows, dtype=np.int64) for name in names}
-        fresh = {name: np.zeros(rows, dtype=bool) for name in names}
+        ordered = list(names)
+        # Row-major Python lists, one array per kind at the end: setting numpy elements one
+        # by one costs several times a list's append.
+        row_values: list[list[float]] = []
+        row_times: list[list[int]] = []
+        row_fresh: list[list[bool]] = []
         current: dict[str, tuple[dict[str, float], dict[str, int]]] = {}
-        for row, (event, target) in enumerate(zip(events, targets, strict=True)):
+        nan = float("nan")
+        for event, target in zip(events, targets, strict=True):
             entry = current.get(target)
             if entry is None:
                 before = self.known.get(target) or KnownFeatures()
                 entry = current[target] = (dict(before.values), dict(before.times_ms))
             known_values, known_times = entry
             when = event.event_time_ms
-            for name, value in event.features.items():
+            features = event.features
+            for name, value in features.items():
                 # An event older than the value held (out of order) does not replace it.
                 if known_times.get(name, when) <= when:
                     known_values[name] = value
                     known_times[name] = when
-            for name in names:
-                value = known_values.get(name)
-                if value is not None:
-                    values[name][row] = value
-                    times_ms[name][row] = known_times[name]
-                    fresh[name][row] = name in event.features
+            row_values.append([known_values.get(name, nan) for name in ordered])
+            row_times.append([known_times.get(name, 0) for name in ordered])
+            # a feature the event carries is known, so fresh implies a value
+            row_fresh.append([name in features for name in ordered])
         for target, (known_values, known_times) in current.items():
             newest_ms = max(known_times.values(), default=0)
+            if all(newest_ms - when <= FORGET_AFTER_MS for when in known_times.values()):
+                self.known[target] = KnownFeatures(known_values, known_times)
+                continue
             kept = [name for name, when in known_times.items()
                     if newest_ms - when <= FORGET_AFTER_MS]
             self.known[target] = KnownFeatures({name: known_values[name] for name in kept},
                                                {name: known_times[name] for name in kept})
+        shape = (rows, len(ordered))
+        value_matrix = np.array(row_values, dtype=np.float64).reshape(shape)
+        time_matrix = np.array(row_times, dtype=np.int64).reshape(shape)
+        fresh_matrix = np.array(row_fresh, dtype=bool).reshape(shape)
+        values = {name: np.ascontiguousarray(value_matrix[:, j]) for j, name in enumerate(ordered)}
+        times_ms = {name: np.ascontiguousarray(time_matrix[:, j])
+                    for j, name in enumerate(ordered)}
+        fresh = {name: np.ascontiguousarray(fresh_matrix[:, j]) for j, name in enumerate(ordered)}
         event_times = np.fromiter((e.event_time_ms for e in events), np.int64, rows)
         return FeatureView(values, times_ms, fresh, event_times)
