@@ -25,8 +25,8 @@ from dsec.cli.policy import policy_app
 from dsec.cli.pool import pool_app
 from dsec.cli.run import RUN_CONTEXT, run_command
 from dsec.schemas.settings import DsecSettings
-from dsec.schemas.units import epoch_ms, s_to_ms
 
+SINCE_HELP = "ISO time (UTC unless it names a zone), or a duration such as 2h or 30m."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
 kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker.")
@@ -257,7 +257,7 @@ def replay(
 @app.command("export")
 def export_history(
     output: Annotated[Path, typer.Argument(dir_okay=False, help="JSON lines to write.")],
-    since: Annotated[str, typer.Option(help="ISO time, or a duration such as 2h or 30m.")],
+    since: Annotated[str, typer.Option(help=SINCE_HELP)],
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     data_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
@@ -281,18 +281,10 @@ def export_history(
 
 
 def _since_ms(since: str) -> int:
-    import re
-    import time
-    from datetime import datetime
+    from dsec.history_features import parse_since
+    from dsec.schemas import now_ms
 
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", since.strip())
-    if match:
-        seconds = float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-        return s_to_ms(time.time() - seconds)
-    moment = datetime.fromisoformat(since)
-    if moment.tzinfo is None:
-        raise ValueError(f"give a time zone with {since!r} (e.g. 2026-11-30T10:00:00+00:00)")
-    return epoch_ms(moment)
+    return parse_since(since, now_ms())
 
 
 report_app = typer.Typer(invoke_without_command=True,
@@ -334,7 +326,7 @@ def report(
 
 @report_app.command("cost")
 def report_cost(
-    since: Annotated[str, typer.Option(help="ISO time, or a duration such as 2h or 30m.")]
+    since: Annotated[str, typer.Option(help=SINCE_HELP)]
     = "24h",
     html_out: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page "
                                                   "with charts.")] = None,
