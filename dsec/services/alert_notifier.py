@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,8 +30,6 @@ from dsec.infra.consumer_loop import (
     ConsumerLoop,
     ConsumerLoopConfig,
     FailedMessages,
-    OutputUnavailable,
-    Start,
 )
 from dsec.infra.dead_letter_producer import DeadLetterProducer, DeadLetterPublisher
 from dsec.infra.durable_publish import publish_durably
@@ -43,12 +40,12 @@ from dsec.infra.observability.metrics import (
     EVENTS_OUT,
     ProcessMetrics,
 )
-from dsec.infra.supervisor import LoopSupervisor
 from dsec.policy_engine.alerts import AlertConfig, AlertTracker
 from dsec.schemas import DeadLetter, DecodeError, PolicyDecision, decode, encode, topic_names
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
 from dsec.schemas.settings import DsecSettings
 from dsec.services.alertmanager import webhook_payload
+from dsec.services.restored_loop import RestoredLoopService, read_to_end
 
 __all__ = ["SERVICE", "AlertNotifier", "post_json"]
 
@@ -71,7 +68,10 @@ def post_json(url: str, body: bytes, timeout_s: float) -> int:
         return exc.code
 
 
-class AlertNotifier(BatchWriter[Sequence[Message]]):
+class AlertNotifier(RestoredLoopService, BatchWriter[Sequence[Message]]):
+    thread_name = "dsec-alert-notifier"
+    not_running = "the alert notifier is not running"
+
     def __init__(
         self,
         settings: DsecSettings,
@@ -108,49 +108,17 @@ class AlertNotifier(BatchWriter[Sequence[Message]]):
                                return_on_first=True),
             consumer_config(settings, group), self, self._dead_letter, service=SERVICE,
             metrics=metrics, stop=self._stop, consumer_factory=consumer_factory)
-        self._supervisor: LoopSupervisor | None = None
         metrics.add_health_check(SERVICE, self.health)
-
-    # --- running ------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._supervisor = LoopSupervisor(self._run, "dsec-alert-notifier", self._stop)
-        self._supervisor.start()
-
-    def wait_assigned(self, timeout_s: float) -> bool:
-        return self._loop.wait_assigned(timeout_s)
-
-    def _run(self) -> None:
-        self.restore()
-        self._loop.run()
 
     def restore(self, timeout_s: float = 60.0) -> None:
         """The tracker's state from what the alerts and GPU-health topics hold now."""
-        group = f"{self._settings.topic_prefix}-alert-notifier-restore-{uuid.uuid4().hex[:8]}"
         read = _TopicContents(self.topics.alerts)
-        loop = ConsumerLoop(
-            ConsumerLoopConfig((self.topics.alerts, self.topics.gpu_health), group,
-                               poll_timeout_s=0.2, start=Start.BEGINNING, assign=True,
-                               until_end=True, commit=False, metadata_timeout_s=timeout_s),
-            consumer_config(self._settings, group), read, _skip, service=f"{SERVICE}-restore",
-            consumer_factory=self._consumer_factory)
-        if not loop.run(timeout_s=timeout_s):
-            raise OutputUnavailable("the alerts and GPU-health topics were not read to their "
-                                    f"ends in {timeout_s:.0f} s")
+        read_to_end(self._settings, (self.topics.alerts, self.topics.gpu_health), read,
+                    group_prefix=f"{self._settings.topic_prefix}-alert-notifier-restore",
+                    service=SERVICE, what="the alerts and GPU-health topics",
+                    timeout_s=timeout_s, consumer_factory=self._consumer_factory)
         self.tracker = AlertTracker(self.tracker.config)
         self.tracker.restore(read.alerts, read.gpus)
-
-    def health(self) -> str | None:
-        if self._supervisor is None:
-            return "the alert notifier is not running"
-        return self._supervisor.down() or self._loop.down()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        supervisor, self._supervisor = self._supervisor, None
-        ended = supervisor is None or supervisor.join(timeout_s)
-        self._producer.flush(timeout_s)
-        self._dead_letters.close(timeout_s, release=ended)
 
     # --- one batch ----------------------------------------------------------------------
 
@@ -243,7 +211,3 @@ class _TopicContents(BatchWriter[Sequence[Message]]):
                             message.offset(), exc.reason)
                 continue
             (self.alerts if model is AlertEvent else self.gpus).append(event)  # type: ignore[arg-type]
-
-
-def _skip(_message: Message, _reason: str) -> None:
-    """A record of the state topics that cannot be read is skipped (logged where read)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Sequence
 
 from confluent_kafka import Message, Producer
@@ -23,14 +22,11 @@ from dsec.infra.consumer_loop import (
     ConsumerLoop,
     ConsumerLoopConfig,
     FailedMessages,
-    OutputUnavailable,
-    Start,
 )
 from dsec.infra.dead_letter_producer import DeadLetterProducer
 from dsec.infra.durable_publish import publish_durably
 from dsec.infra.kafka_clients import consumer_config, producer_config
 from dsec.infra.observability.metrics import EVENTS_IN, EVENTS_OUT, ProcessMetrics
-from dsec.infra.supervisor import LoopSupervisor
 from dsec.schemas import (
     DeadLetter,
     DecodeError,
@@ -42,6 +38,7 @@ from dsec.schemas import (
 )
 from dsec.schemas.placement import GpuPersonalityEvent, WorkloadAffinityEvent
 from dsec.schemas.settings import DsecSettings
+from dsec.services.restored_loop import RestoredLoopService, read_to_end
 from dsec.stream_jobs.personality import PersonalityConfig, PersonalityJob
 
 __all__ = ["SERVICE", "PersonalityService"]
@@ -50,7 +47,10 @@ log = logging.getLogger(__name__)
 SERVICE = "placement"
 
 
-class PersonalityService(BatchWriter[Sequence[Message]]):
+class PersonalityService(RestoredLoopService, BatchWriter[Sequence[Message]]):
+    thread_name = "dsec-placement"
+    not_running = "the personality service is not running"
+
     def __init__(self, settings: DsecSettings, metrics: ProcessMetrics | None = None,
                  config: PersonalityConfig | None = None) -> None:
         self._settings = settings
@@ -71,46 +71,15 @@ class PersonalityService(BatchWriter[Sequence[Message]]):
                                poll_timeout_s=0.2),
             consumer_config(settings, group), self, self._dead_letter, service=SERVICE,
             metrics=metrics, stop=self._stop)
-        self._supervisor: LoopSupervisor | None = None
         metrics.add_health_check(SERVICE, self.health)
-
-    def start(self) -> None:
-        self._supervisor = LoopSupervisor(self._run, "dsec-placement", self._stop)
-        self._supervisor.start()
-
-    def wait_assigned(self, timeout_s: float) -> bool:
-        return self._loop.wait_assigned(timeout_s)
-
-    def health(self) -> str | None:
-        if self._supervisor is None:
-            return "the personality service is not running"
-        return self._supervisor.down() or self._loop.down()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        supervisor, self._supervisor = self._supervisor, None
-        ended = supervisor is None or supervisor.join(timeout_s)
-        self._producer.flush(timeout_s)
-        self._dead_letters.close(timeout_s, release=ended)
-
-    def _run(self) -> None:
-        self.restore()
-        self._loop.run()
 
     def restore(self, timeout_s: float = 60.0) -> None:
         """The job from what its own topics and the GPU-profiles topic hold now."""
-        group = f"dsec-placement-reader-{uuid.uuid4().hex[:8]}"
         read = _History(self.topics)
-        loop = ConsumerLoop(
-            ConsumerLoopConfig((self.topics.gpu_personalities, self.topics.workload_affinity,
-                                self.topics.gpu_profiles), group, poll_timeout_s=0.2,
-                               start=Start.BEGINNING, assign=True, until_end=True,
-                               commit=False, metadata_timeout_s=timeout_s),
-            consumer_config(self._settings, group), read, _skip,
-            service=f"{SERVICE}-restore")
-        if not loop.run(timeout_s=timeout_s):
-            raise OutputUnavailable("the placement topics were not read to their ends in "
-                                    f"{timeout_s:.0f} s")
+        read_to_end(self._settings, (self.topics.gpu_personalities,
+                                     self.topics.workload_affinity, self.topics.gpu_profiles),
+                    read, group_prefix="dsec-placement-reader", service=SERVICE,
+                    what="the placement topics", timeout_s=timeout_s)
         self.job = PersonalityJob(self._config)
         self.job.restore(read.history)
         for profile in read.profiles:
@@ -178,7 +147,3 @@ class _History(BatchWriter[Sequence[Message]]):
                 self.profiles.append(event)
             else:
                 self.history.append(event)
-
-
-def _skip(_message: Message, _reason: str) -> None:
-    """A record of the history topics that cannot be read is skipped (logged where read)."""
