@@ -34,6 +34,7 @@ from dsec.infra.usage_reporter import UsageReporter
 from dsec.policy_engine.service import register as register_policy_engine
 from dsec.schemas import topic_names
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.topics import TopicNames
 from dsec.services.alert_notifier import AlertNotifier
 from dsec.services.personality import PersonalityService
 from dsec.stream_jobs.agent import METRICS_JOB_TABLES, register_metrics_job
@@ -211,19 +212,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             _record_metrics_endpoints(data_dir, _endpoints(metrics_server,
                                                            options.services - {"sink"}))
         elif "sink" in options.services:
-            # A sink whose stack was killed gets SIGTERM and may still be closing the store.
-            client = connect(settings.clickhouse_target(), wait_for_lock_s=STORE_LOCK_WAIT_S)
-            ensure_schema(client, settings.clickhouse_ttl_days)
-            client_lock = threading.Lock()
-            sink = ClickHouseSink(
-                client, client_lock,
-                consumer_config(settings, sink_group(settings), **BULK_FETCH), topics,
-                producer_config(settings, "dsec-clickhouse-sink"), metrics=metrics,
-                event_times=settings.event_time_window(),
-            )
-            sink.start()
-            query_server = QueryServer(client, client_lock)
-            query_server.start()
+            sink, query_server = _start_embedded_sink(settings, topics, metrics)
             state.update(query_port=query_server.port, query_token=query_server.token,
                          clickhouse=settings.clickhouse_target())
         if sink_process is None:
@@ -239,34 +228,7 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             set_up.set()
             _wait_for_signal()
             return
-        app = make_faust_app(
-            stream_group(settings, options.services), settings,
-            partitions=_partition_count(settings, topics.metrics),
-        )
-        services_by_topic: dict[str, str] = {}
-        if "stream-jobs" in options.services:
-            ensure_changelog_topics(settings, app.conf.id,
-                                    [*METRICS_JOB_TABLES, *CARD_JOB_TABLES,
-                                     *FLEET_JOB_TABLES],
-                                    app.conf.topic_partitions)
-            register_metrics_job(
-                app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
-                metrics=metrics, event_times=settings.event_time_window(),
-            )
-            register_card_job(app, topics)
-            register_fleet_job(
-                app, topics, FleetConfig(window_s=settings.fleet_window_s,
-                                         publish_interval_s=settings.fleet_publish_interval_s),
-                metrics=metrics)
-            services_by_topic.update({topics.metrics: "stream-jobs",
-                                      topics.gpu_cards: "stream-jobs",
-                                      topics.fleet_inputs: "stream-jobs"})
-        if "policy-engine" in options.services:
-            register_policy_engine(app, settings, metrics=metrics)
-            services_by_topic.update({topics.features: "policy-engine",
-                                      topics.policies: "policy-engine",
-                                      topics.pools: "policy-engine"})
-        watch_faust_app(app, metrics, services_by_topic)
+        app = _faust_app(settings, options, topics, metrics)
         set_up.set()
         worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
@@ -291,6 +253,58 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             kafka.stop()
         if metrics_server is not None:
             metrics_server.stop()
+
+
+def _start_embedded_sink(settings: DsecSettings, topics: TopicNames,
+                         metrics: ProcessMetrics) -> tuple[ClickHouseSink, QueryServer]:
+    """The sink in this process, and the query server on its store."""
+    # A sink whose stack was killed gets SIGTERM and may still be closing the store.
+    client = connect(settings.clickhouse_target(), wait_for_lock_s=STORE_LOCK_WAIT_S)
+    ensure_schema(client, settings.clickhouse_ttl_days)
+    client_lock = threading.Lock()
+    sink = ClickHouseSink(
+        client, client_lock,
+        consumer_config(settings, sink_group(settings), **BULK_FETCH), topics,
+        producer_config(settings, "dsec-clickhouse-sink"), metrics=metrics,
+        event_times=settings.event_time_window(),
+    )
+    sink.start()
+    query_server = QueryServer(client, client_lock)
+    query_server.start()
+    return sink, query_server
+
+
+def _faust_app(settings: DsecSettings, options: StackOptions, topics: TopicNames,
+               metrics: ProcessMetrics):
+    """The Faust app of the stream jobs and the policy engine this stack runs, watched."""
+    app = make_faust_app(
+        stream_group(settings, options.services), settings,
+        partitions=_partition_count(settings, topics.metrics),
+    )
+    services_by_topic: dict[str, str] = {}
+    if "stream-jobs" in options.services:
+        ensure_changelog_topics(settings, app.conf.id,
+                                [*METRICS_JOB_TABLES, *CARD_JOB_TABLES, *FLEET_JOB_TABLES],
+                                app.conf.topic_partitions)
+        register_metrics_job(
+            app, topics, FeatureConfig(reward_window_episodes=options.window_episodes),
+            metrics=metrics, event_times=settings.event_time_window(),
+        )
+        register_card_job(app, topics)
+        register_fleet_job(
+            app, topics, FleetConfig(window_s=settings.fleet_window_s,
+                                     publish_interval_s=settings.fleet_publish_interval_s),
+            metrics=metrics)
+        services_by_topic.update({topics.metrics: "stream-jobs",
+                                  topics.gpu_cards: "stream-jobs",
+                                  topics.fleet_inputs: "stream-jobs"})
+    if "policy-engine" in options.services:
+        register_policy_engine(app, settings, metrics=metrics)
+        services_by_topic.update({topics.features: "policy-engine",
+                                  topics.policies: "policy-engine",
+                                  topics.pools: "policy-engine"})
+    watch_faust_app(app, metrics, services_by_topic)
+    return app
 
 
 def _endpoints(server: MetricsServer | None, services: frozenset[str]) -> dict[str, str]:
