@@ -139,12 +139,9 @@ def _print_placement(off: list[dict], on: list[dict], arms: tuple[str, ...],
                      as_json: bool) -> None:
     """Interruptions and restarts on the leaky model without and with placement, per seed
     and arm: the same seeds, the same faults, the same first cards."""
-    rows = [{"seed": a["run"]["seed"], "arm": arm,
-             **{f"{key}_{name}": r[arm].get(key) if key == "interruptions"
-                else (r[arm].get("placement") or {}).get(key)
-                for name, r in (("off", a), ("on", b))
-                for key in ("interruptions", "restarts", "restarts_on_leaky_model")}}
-            for a, b in zip(off, on, strict=True) for arm in arms]
+    from dsec.experiment.report import placement_rows
+
+    rows = placement_rows(off, on, arms)
     if as_json:
         print(json.dumps({"placement": rows, "off": off, "on": on}))
         return

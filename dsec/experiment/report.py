@@ -38,6 +38,24 @@ def combine_seeds(runs: list[dict]) -> dict:
     return combined
 
 
+def placement_rows(off: list[dict], on: list[dict], arms: tuple[str, ...]) -> list[dict]:
+    """Per seed and arm, the runs without (``off``) and with (``on``) placement side by
+    side: ``interruptions_off``, ``interruptions_on``, ``restarts_off``, ... The runs are
+    in the same seed order."""
+    rows = []
+    for without, placed in zip(off, on, strict=True):
+        for arm in arms:
+            row: dict = {"seed": without["run"]["seed"], "arm": arm}
+            for setting, run in (("off", without), ("on", placed)):
+                restarts = run[arm].get("placement") or {}
+                row[f"interruptions_{setting}"] = run[arm].get("interruptions")
+                row[f"restarts_{setting}"] = restarts.get("restarts")
+                row[f"restarts_on_leaky_model_{setting}"] = restarts.get(
+                    "restarts_on_leaky_model")
+            rows.append(row)
+    return rows
+
+
 def _curve_chart(curve: list[float | None]) -> str:
     values = [v if v is not None else 0.0 for v in curve]
     return svg_chart("line", [str(i) for i in range(len(values))], values, width=440, height=180)

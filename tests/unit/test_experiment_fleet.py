@@ -21,6 +21,7 @@ from dsec.experiment.fleet import (
     leak_of,
 )
 from dsec.experiment.recommend_api import RecommendationServer
+from dsec.experiment.report import placement_rows
 from dsec.experiment.runner import GoodputOptions, _placed_card, _placement_summary, _Slot
 from dsec.placement.api import HistorySource
 from dsec.placement.history import history_from_events
@@ -136,3 +137,20 @@ def test_without_an_answer_the_worker_goes_back_to_its_own_card() -> None:
         card, asked = _placed_card(api, slots[0], slots, layout)
     assert card == layout[0]
     assert "503" in asked["error"]
+
+
+def test_the_closing_note_sets_runs_without_and_with_placement_side_by_side() -> None:
+    def run(seed: int, interruptions: int, restarts: int, leaky: int) -> dict:
+        return {"run": {"seed": seed}, "dsec": {
+            "interruptions": interruptions,
+            "placement": {"restarts": restarts, "restarts_on_leaky_model": leaky}}}
+
+    rows = placement_rows([run(1, 6, 6, 4), run(2, 5, 5, 3)],
+                          [run(1, 2, 2, 0), run(2, 2, 2, 0)], ("dsec",))
+    assert rows == [
+        {"seed": 1, "arm": "dsec", "interruptions_off": 6, "interruptions_on": 2,
+         "restarts_off": 6, "restarts_on": 2, "restarts_on_leaky_model_off": 4,
+         "restarts_on_leaky_model_on": 0},
+        {"seed": 2, "arm": "dsec", "interruptions_off": 5, "interruptions_on": 2,
+         "restarts_off": 5, "restarts_on": 2, "restarts_on_leaky_model_off": 3,
+         "restarts_on_leaky_model_on": 0}]
