@@ -154,3 +154,16 @@ def test_the_closing_note_sets_runs_without_and_with_placement_side_by_side() ->
         {"seed": 2, "arm": "dsec", "interruptions_off": 5, "interruptions_on": 2,
          "restarts_off": 5, "restarts_on": 2, "restarts_on_leaky_model_off": 3,
          "restarts_on_leaky_model_on": 0}]
+
+
+def test_the_cli_refuses_unknown_arms_and_placement_settings_before_starting() -> None:
+    from typer.testing import CliRunner
+
+    from dsec.cli import app
+
+    for option, value, said in (("--arms", "dsec,best", "arms must be among"),
+                                ("--placement", "sideways", "must be on, off or both")):
+        result = CliRunner().invoke(app, ["experiment", "goodput", "--scenario",
+                                          "leaky-model", option, value])
+        assert result.exit_code == 2
+        assert said in result.output
