@@ -36,3 +36,8 @@ DSEC = ArmConfig("dsec", dry_run=False, async_checkpoints=False, dsec_snapshots=
                  elastic=True, progress_watchdog=True)
 ARM_CONFIGS: dict[str, ArmConfig] = {arm.name: arm for arm in (PLAIN, STRONG, DSEC)}
 ARMS: tuple[str, ...] = tuple(ARM_CONFIGS)
+
+
+def arms_of(result: dict) -> list[str]:
+    """The arms a result holds (a run of a subset of the arms holds only those)."""
+    return [arm for arm in ARMS if arm in result]

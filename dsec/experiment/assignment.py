@@ -26,6 +26,9 @@ class Assignment:
     seed: int
     incarnation: int
     job_id: str
+    # The worker's card in the scenario's fleet; empty: a card of its own, named by slot.
+    gpu_uuid: str = ""
+    gpu_model: str = ""
 
     @property
     def arm_dir(self) -> Path:

@@ -18,6 +18,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.experiment.fleet import Fleet
+
 FaultKind = Literal[
     "memory_leak", "thermal_throttle", "sync_jitter", "sync_stall", "stuck_episodes",
     "nan_burst", "crash", "straggler", "silent_hang", "flaky_card",
@@ -142,6 +144,8 @@ class Scenario(BaseModel):
     progress_timeout_updates: float = Field(default=8.0, gt=0)
     progress_timeout_min_s: float = Field(default=4.0, gt=0)
     faults: Faults = Faults()
+    # Cards of named GPU models (more than workers); None: one anonymous card per worker.
+    fleet: Fleet | None = None
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,13 @@ same first placement, so the interruptions of the two arms compare on the same s
 
 from __future__ import annotations
 
-import json
 import random
-import socket
-import threading
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dsec.experiment.recommend_api import RecommendationServer
 from dsec.experiment.sim_gpu import GIB, GpuSpec, SimulatedGpu, SimulatedOutOfMemoryError
-from dsec.placement.api import HistorySource, make_app
+from dsec.placement.api import HistorySource
 from dsec.placement.history import history_from_events
 from dsec.placement.ranking import PlacementConfig
 from dsec.schemas import FeatureEvent, WorkerIdentity
@@ -91,41 +88,13 @@ class _Worker:
     ooms: int = 0  # what the dying process's probe reported last
 
 
-class _Api:
-    """The recommendation API on a loopback port, in a thread of its own."""
+class _Api(RecommendationServer):
+    """The API answering at the simulation's time, ``now_ms``, set by the restarter."""
 
     def __init__(self, load: Callable, config: PlacementConfig) -> None:
-        import uvicorn
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        app = make_app(HistorySource(load, refresh_s=0.0), config,
-                       clock_ms=lambda: self.now_ms)
         self.now_ms = T0_MS
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                     log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> _Api:
-        self._thread.start()
-        while not self._server.started:
-            self._thread.join(0.05)
-            if not self._thread.is_alive():
-                raise RuntimeError("the recommendation API did not start")
-        return self
-
-    def recommend(self, request: dict) -> dict:
-        """``POST /v1/recommend``, as any client of the API asks it."""
-        post = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/recommend", data=json.dumps(request).encode(),
-            method="POST", headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(post, timeout=30) as response:
-            return json.loads(response.read())
-
-    def __exit__(self, *_exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        super().__init__(HistorySource(load, refresh_s=0.0), config,
+                         clock_ms=lambda: self.now_ms)
 
 
 def _card_models(scenario: PlacementScenario) -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dsec.experiment.arms import ARMS
+from dsec.experiment.arms import arms_of
 from dsec.report import svg_chart
 
 NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
@@ -19,7 +19,7 @@ def combine_seeds(runs: list[dict]) -> dict:
     """Means over seeds of each arm's numbers, their spread (the sample standard
     deviation over seeds), and each seed's own beside them."""
     combined: dict = {"per_seed": runs}
-    for arm in ARMS:
+    for arm in arms_of(runs[0]):
         arm_out: dict = {}
         for name in NUMERIC:
             values = [r[arm][name] for r in runs if r[arm].get(name) is not None]
@@ -36,6 +36,24 @@ def combine_seeds(runs: list[dict]) -> dict:
         combined[arm] = arm_out
     combined["run"] = {**runs[0]["run"], "seeds": [r["run"]["seed"] for r in runs]}
     return combined
+
+
+def placement_rows(off: list[dict], on: list[dict], arms: tuple[str, ...]) -> list[dict]:
+    """Per seed and arm, the runs without (``off``) and with (``on``) placement side by
+    side: ``interruptions_off``, ``interruptions_on``, ``restarts_off``, ... The runs are
+    in the same seed order."""
+    rows = []
+    for without, placed in zip(off, on, strict=True):
+        for arm in arms:
+            row: dict = {"seed": without["run"]["seed"], "arm": arm}
+            for setting, run in (("off", without), ("on", placed)):
+                restarts = run[arm].get("placement") or {}
+                row[f"interruptions_{setting}"] = run[arm].get("interruptions")
+                row[f"restarts_{setting}"] = restarts.get("restarts")
+                row[f"restarts_on_leaky_model_{setting}"] = restarts.get(
+                    "restarts_on_leaky_model")
+            rows.append(row)
+    return rows
 
 
 def _curve_chart(curve: list[float | None]) -> str:
@@ -92,27 +110,28 @@ PER_SEED = ("interruptions", "recovery_mean_s", "effective_training_time_ratio",
 
 def render_report(result: dict, runs: list[dict]) -> str:
     run = result["run"]
+    arms = arms_of(result)
     rows = "".join(
         f"<tr><td>{name}</td>"
-        + "".join(f"<td>{_with_spread(result[arm], name)}</td>" for arm in ARMS)
+        + "".join(f"<td>{_with_spread(result[arm], name)}</td>" for arm in arms)
         + "</tr>" for name in NUMERIC)
     per_seed = "".join(
         f"<tr><td>{r['run']['seed']}</td><td>{html.escape(str(r['run']['scenario']))}</td>"
         f"<td>{arm}</td>"
         + "".join(f"<td>{html.escape(str(r[arm].get(name)))}</td>" for name in PER_SEED)
-        + "</tr>" for r in runs for arm in ARMS)
+        + "</tr>" for r in runs for arm in arms)
     causes = "".join(
         f"<tr><td>{arm}</td><td>{html.escape(str(r[arm].get('causes')))}</td>"
         f"<td>{html.escape(str(r[arm].get('actions')))}</td>"
         f"<td>{html.escape(str(r[arm].get('actions_not_applied')))}</td>"
         f"<td>{html.escape(str(r[arm].get('policy_decisions')))}</td></tr>"
-        for r in runs for arm in ARMS)
+        for r in runs for arm in arms)
     curves = "".join(
         f"<div style='display:inline-block;margin-right:1em'><h3>{arm}</h3>"
-        f"{_curve_chart(result[arm]['return_curve'])}</div>" for arm in ARMS)
+        f"{_curve_chart(result[arm]['return_curve'])}</div>" for arm in arms)
     timelines = []
     for r in runs:
-        for arm in ARMS:
+        for arm in arms:
             timelines.append(
                 f"<h3>{arm}, seed {r['run']['seed']}</h3>" + _timeline_svg(
                     r[arm].get("action_timeline", []), r[arm].get("deaths", []),
@@ -120,7 +139,7 @@ def render_report(result: dict, runs: list[dict]) -> str:
     per_worker = "".join(
         f"<tr><td>{arm}</td><td>{r['run']['seed']}</td><td>{w}</td>"
         + "".join(f"<td>{v}</td>" for v in stats.values()) + "</tr>"
-        for r in runs for arm in ARMS for w, stats in r[arm].get("per_worker", {}).items())
+        for r in runs for arm in arms for w, stats in r[arm].get("per_worker", {}).items())
     style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}"
              "table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:2px 6px}")
@@ -136,7 +155,7 @@ def render_report(result: dict, runs: list[dict]) -> str:
         "their weights), with a progress watchdog for hangs. dsec: the strong arm's launcher "
         "with dsec's policies acting; it resumes from dsec snapshots.</p>"
         "<h2>Side by side</h2><table><tr><th>measure</th>"
-        + "".join(f"<th>{arm}</th>" for arm in ARMS) + "</tr>"
+        + "".join(f"<th>{arm}</th>" for arm in arms) + "</tr>"
         f"{rows}</table><h2>Per seed</h2><table><tr><th>seed</th><th>scenario</th>"
         "<th>arm</th>" + "".join(f"<th>{name}</th>" for name in PER_SEED) + "</tr>"
         f"{per_seed}</table><h2>Return curves (mean episode return per twelfth of the run)</h2>"

@@ -6,6 +6,11 @@ the policies act. The same scenario, schedule and seeds drive all three. A super
 restarts a dead worker in every arm the same way (a warm spare, after the scenario's
 restart delay); what differs (``arms.ArmConfig``) is what the group resumes from, whether
 the survivors keep their weights, and how often it has to.
+
+A scenario with a fleet gives each arm cards of named GPU models, more than workers;
+a worker starts on the fleet's layout. Without placement a restarted worker comes back on
+its own card; with it, the arm's stack also runs the personality job and the restarter
+asks the recommendation API (over HTTP on a loopback port) for the best free card.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from dsec.experiment.arms import ARM_CONFIGS, ARMS
 from dsec.experiment.assignment import Assignment, Timeline
 from dsec.experiment.faults import Scenario, fault_schedule, scale_scenario
+from dsec.experiment.fleet import WORKLOAD, Card, choose_card, first_cards, fleet_layout
 from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
 from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
 from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
@@ -51,6 +57,15 @@ class GoodputOptions:
     # Every wall-clock span of the scenario, and the run, stretched by this; None: by the
     # host's measured update time over the reference host's (``slow_host``).
     time_scale: float | None = 1.0
+    arms: tuple[str, ...] = ARMS
+    # The restarter asks the recommendation API where a restarted worker goes (a
+    # scenario with a fleet); off: it comes back on its own card.
+    placement: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = set(self.arms) - set(ARMS)
+        if not self.arms or unknown:
+            raise ValueError(f"arms must be among {', '.join(ARMS)}; got {list(self.arms)}")
 
 
 @dataclass
@@ -61,6 +76,7 @@ class _Slot:
     incarnation: int = 0
     restart_at: float | None = None
     assigned_at: float = 0.0
+    card: Card | None = None
 
 
 def _spawn_worker(env: dict[str, str], log_path: Path,
@@ -171,15 +187,62 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
     publish_policy(settings, signer_for(settings, KeyRole.POLICY_PUBLISHER).sign(spec))
 
 
+def _publish_fleet(settings, cards: list[Card]) -> None:
+    """The arm's cards on the topology topic, as ``dsec placement topology`` registers a
+    node's: placement offers a card no worker has run on yet."""
+    from dsec.infra.kafka_clients import make_producer
+    from dsec.schemas import encode, now_ms, topic_names
+    from dsec.schemas.placement import GpuTopologyEvent
+
+    producer = make_producer(settings, "dsec-experiment-fleet")
+    topic = topic_names(settings.topic_prefix).gpu_topology
+    at_ms = now_ms()
+    for card in cards:
+        event = GpuTopologyEvent(event_time_ms=at_ms, node_id=f"node-{card.uuid}",
+                                 gpu_uuid=card.uuid, gpu_model=card.model, gpu_index=0)
+        producer.produce(topic, key=card.uuid.encode(), value=encode(event))
+    if producer.flush(30):
+        raise ExperimentError("the fleet's topology was not delivered")
+
+
+def _placed_card(api, slot: _Slot, slots: list[_Slot], layout: list[Card]) -> tuple[Card, dict]:
+    """Where the restarter puts ``slot``'s worker: the best-ranked card no other worker of
+    its arm holds; its own card when the API has no answer."""
+    assert slot.card is not None
+    busy = {other.card.uuid for other in slots
+            if other.arm == slot.arm and other is not slot and other.card is not None}
+    asked_s = time.monotonic()
+    try:
+        ranked = [gpu["gpu_uuid"] for gpu in api.recommend({"workload": WORKLOAD})["ranked"]]
+        error = None
+    except OSError as exc:  # HTTP errors included: the worker goes back where it was
+        ranked, error = [], f"{type(exc).__name__}: {exc}"
+    chosen = choose_card(ranked, busy, slot.card.uuid)
+    card = next(c for c in layout if c.uuid == chosen)
+    return card, {"ask_s": round(time.monotonic() - asked_s, 3), "error": error,
+                  "ranked": ranked[:4]}
+
+
+def _placement_summary(moves: list[dict], leaky_models: set[str]) -> dict:
+    return {"restarts": len(moves),
+            "restarts_on_leaky_model": sum(move["to_model"] in leaky_models for move in moves),
+            "moved": sum(move["from"] != move["to"] for move in moves), "moves": moves}
+
+
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     """Runs the arms at once; returns ``{"plain": {...}, "strong": {...}, "dsec": {...},
-    "run": {...}}``."""
+    "run": {...}}`` (the arms of ``options.arms``)."""
+    from contextlib import ExitStack
+
     import torch.distributed as dist
 
     from dsec.actuators.channel import socket_path
     from dsec.experiment.decisions import count_decisions
+    from dsec.experiment.recommend_api import RecommendationServer
     from dsec.infra.kafka_local import LocalKafka
     from dsec.infra.topics import ensure_topics
+    from dsec.placement.api import HistorySource
+    from dsec.placement.topic_history import topic_history
     from dsec.schemas.settings import DsecSettings
     from dsec.services.stack import read_stack_state, stop_process
 
@@ -199,6 +262,12 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     # Unix socket paths are short (108 bytes): the node sockets live under /tmp.
     sockets_root = Path(tempfile.mkdtemp(prefix="dsec-nodes-"))
     processes: list[subprocess.Popen] = []
+    arms = options.arms
+    fleet = scenario.fleet
+    layouts = {arm: fleet_layout(fleet, arm) for arm in arms} if fleet is not None else {}
+    placing = options.placement and fleet is not None
+    apis: dict[str, RecommendationServer] = {}
+    servers = ExitStack()
     try:
         bootstrap = options.bootstrap
         if bootstrap is None:
@@ -209,7 +278,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         groups = -(-options.workers // options.workers_per_group)
         envs: dict[str, dict[str, str]] = {}
         settings_by_arm = {}
-        for arm in ARMS:
+        for arm in arms:
             arm_dir = run_dir / arm
             arm_dir.mkdir(parents=True, exist_ok=True)
             prefix = f"{run_id.replace('goodput-', 'gp')}-{arm}"
@@ -223,10 +292,14 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             ensure_topics(settings)
             _publish_snapshot_period(settings, scenario.snapshot_interval_s,
                                      dry_run=ARM_CONFIGS[arm].dry_run)
+            if placing:
+                _publish_fleet(settings, layouts[arm])
+                apis[arm] = servers.enter_context(RecommendationServer(
+                    HistorySource(topic_history(settings), refresh_s=0.0)))
             log = (arm_dir / "stack.log").open("wb")
             services.append(subprocess.Popen(
                 [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", bootstrap,
-                 "--services", "stream-jobs,policy-engine"],
+                 "--services", "stream-jobs,policy-engine" + (",placement" if placing else "")],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             for group in range(groups):
                 store.add(f"{arm}/group-{group}/gen", 0)
@@ -246,20 +319,21 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             "schedule": [e.to_json() for e in schedule],
         }))
         slots: list[_Slot] = []
-        spares: dict[str, list[subprocess.Popen]] = {arm: [] for arm in ARMS}
-        for arm in ARMS:
+        spares: dict[str, list[subprocess.Popen]] = {arm: [] for arm in arms}
+        for arm in arms:
+            cards = first_cards(layouts[arm], options.workers) if fleet is not None else []
             for index in range(options.workers):
                 process = _spawn_worker(envs[arm], run_dir / arm / f"worker-{index:03d}.log",
                                         options.cpu_slowdown)
                 processes.append(process)
-                slots.append(_Slot(arm, index, process))
+                slots.append(_Slot(arm, index, process, card=cards[index] if cards else None))
             for _ in range(SPARES_PER_ARM):
                 spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log",
                                       options.cpu_slowdown)
                 processes.append(spare)
                 spares[arm].append(spare)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for arm_dir, stack in zip((run_dir / arm / "dsec-data" for arm in ARMS), services,
+        for arm_dir, stack in zip((run_dir / arm / "dsec-data" for arm in arms), services,
                                   strict=True):
             while read_stack_state(arm_dir) is None:
                 if stack.poll() is not None or time.monotonic() > deadline:
@@ -271,7 +345,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                     raise ExperimentError(f"no node actuator listens on {socket}")
                 time.sleep(0.2)
         _wait_ready([slot.process for slot in slots]
-                    + [spare for arm in ARMS for spare in spares[arm]], deadline)
+                    + [spare for arm in arms for spare in spares[arm]], deadline)
         t0 = time.time() + 1.0
         end_at = t0 + duration_s
 
@@ -285,7 +359,9 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 node_id=node_id(slot.index // options.workers_per_group),
                 store_port=store.port, run_dir=str(run_dir), scenario_file=str(plan_path),
                 t0=t0, end_at=end_at, seed=options.seed, incarnation=slot.incarnation,
-                job_id=f"{run_id}-{slot.arm}")
+                job_id=f"{run_id}-{slot.arm}",
+                gpu_uuid=slot.card.uuid if slot.card else "",
+                gpu_model=slot.card.model if slot.card else "")
 
         for slot in slots:
             slot.assigned_at = time.time()
@@ -295,6 +371,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                                   scenario.progress_timeout_min_s)
         watched_at = time.time()
         died: set[tuple[str, int]] = set()
+        moves: dict[str, list[dict]] = {arm: [] for arm in arms}
         while time.time() < end_at:
             now = time.time()
             if died or now - watched_at >= WATCHDOG_INTERVAL_S:
@@ -304,6 +381,15 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             for slot in slots:
                 if slot.restart_at is not None:
                     if now >= slot.restart_at:
+                        if slot.card is not None:
+                            before, asked = slot.card, {}
+                            if placing:
+                                slot.card, asked = _placed_card(apis[slot.arm], slot, slots,
+                                                                layouts[slot.arm])
+                            moves[slot.arm].append({
+                                "slot": slot.index, "t": round(now - t0, 2),
+                                "from": before.uuid, "to": slot.card.uuid,
+                                "to_model": slot.card.model, **asked})
                         spare = spares[slot.arm].pop(0)
                         slot.process, slot.restart_at = spare, None
                         slot.assigned_at = time.time()
@@ -329,22 +415,26 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 slot.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 slot.process.kill()
-        for arm in ARMS:
+        for arm in arms:
             for spare in spares[arm]:
                 if spare.stdin is not None:
                     spare.stdin.close()
-        decisions = {arm: count_decisions(settings_by_arm[arm], t0) for arm in ARMS}
+        decisions = {arm: count_decisions(settings_by_arm[arm], t0) for arm in arms}
         (run_dir / "exits.json").write_text(json.dumps(exits))
         result: dict = {}
-        for arm in ARMS:
+        leaky_models = {m.name for m in fleet.models if m.leak} if fleet is not None else set()
+        for arm in arms:
             timelines = read_timelines(run_dir / arm)
             arm_result: ArmResult = measure_arm(timelines, t0, end_at)
             counts, decided = decisions[arm]
             result[arm] = {**arm_result.to_json(), "policy_decisions": counts,
                            "decision_timeline": decided}
+            if fleet is not None:
+                result[arm]["placement"] = _placement_summary(moves[arm], leaky_models)
         result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
                          "duration_s": round(duration_s, 2), "seed": options.seed,
                          "cpu_slowdown": options.cpu_slowdown,
+                         "arms": list(arms), "placement": placing,
                          "calibration_update_s": round(calibration_s, 4),
                          "time_scale": round(time_scale, 3),
                          "run_dir": str(run_dir), "faults": len(schedule),
@@ -352,6 +442,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         (run_dir / "result.json").write_text(json.dumps(result))
         return result
     finally:
+        servers.close()
         for process in processes:
             if process.poll() is None:
                 process.kill()

@@ -34,13 +34,15 @@ from dsec.experiment.arms import ARM_CONFIGS
 from dsec.experiment.assignment import Assignment, Timeline
 from dsec.experiment.async_checkpoint import AsyncCheckpointer, load_checkpoint
 from dsec.experiment.faults import FaultEvent
+from dsec.experiment.fleet import WORKLOAD, leak_of
 from dsec.experiment.ppo import ActorCritic, PpoConfig, Rollout, build_rollout, ppo_loss
 from dsec.experiment.rollout_sampler import RolloutSampler
-from dsec.experiment.sim_gpu import SimulatedGpu, SimulatedOutOfMemoryError
+from dsec.experiment.sim_gpu import GpuSpec, SimulatedGpu, SimulatedOutOfMemoryError
 from dsec.experiment.slow_host import SlowHost
 from dsec.experiment.worker_faults import ScheduledFaults
 from dsec.experiment.worker_group import GroupSync
 from dsec.ingest import ProbeConfig
+from dsec.ingest.cuda_memory import memory_fields
 from dsec.ingest.nvml import NvmlSampler
 from dsec.schemas import ActionKind
 
@@ -129,11 +131,15 @@ class ExperimentWorker:
         self.optimizer = torch.optim.Adam(self.model.parameters(),
                                           lr=self.config.learning_rate, eps=1e-5)
         self.params = list(self.model.parameters())
-        self.gpu = SimulatedGpu(uuid=f"GPU-sim-{a.arm}-{a.slot:03d}")
+        # A card of the scenario's fleet, as the restarter placed it, or one of its own.
+        self.gpu = SimulatedGpu(uuid=a.gpu_uuid, spec=GpuSpec(name=a.gpu_model)) \
+            if a.gpu_uuid else SimulatedGpu(uuid=f"GPU-sim-{a.arm}-{a.slot:03d}")
+        self.model_leak = leak_of(self.scenario.get("fleet"), a.gpu_model)
 
         self.startup_s = {"before_init_s": time.time() - assigned_s}
         self.runtime = dsec.init(worker_id=f"worker-{a.slot:03d}", node_id=a.node_id,
                                  job_id=a.job_id, optimizer=self.optimizer,
+                                 labels={"workload": WORKLOAD} if a.gpu_uuid else None,
                                  probe_config=PROBE_CONFIG)
         self.startup_s["init_s"] = time.time() - assigned_s
         self.controls = dsec.controls()
@@ -184,7 +190,17 @@ class ExperimentWorker:
 
     def die(self, cause: str, detail: str) -> None:
         self.timeline.write("death", cause=cause, detail=detail[:300])
+        if cause == "oom" and self.a.gpu_uuid:
+            self._report_oom()
         os._exit(CRASH_EXIT)
+
+    def _report_oom(self) -> None:
+        """The allocator's OOM count in a last flush, as a trainer's probe sends it on its
+        way out: placement learns which card the worker died on from it."""
+        stats = {"allocated_bytes.all.current": self.gpu.live_bytes,
+                 "reserved_bytes.all.current": self.gpu.used_bytes, "num_ooms": 1}
+        self.runtime.probe.record_fields("cuda_memory", memory_fields(0, stats))
+        self.runtime.probe.shutdown()
 
     def load_resume_point(self) -> tuple[int, str]:
         """The group's resume point: under an elastic launcher, a survivor's weights in
@@ -272,16 +288,22 @@ class ExperimentWorker:
                                 terminated=terminated, truncated=truncated,
                                 termination_reason=reason, on_training_thread=False)
         self.timeline.write("episode", ret=float(self.episode_return[i]), len=length)
-        leak_params = self.fault_params["memory_leak"]
-        if leak and length >= leak_params["long_episode_steps"]:
-            leaked = leak_params["bytes_per_step"] * length
-            live = int(leaked * leak_params.get("live_share", 0.0))
-            self.gpu.hold(live)
-            self.gpu.fragment(leaked - live)
+        if leak:
+            self._leak(self.fault_params["memory_leak"], length)
+        if self.model_leak is not None:
+            self._leak(self.model_leak, length)
         self.episode_return[i], self.episode_length[i] = 0.0, 0
         seed = 12345 if stuck else int(self.rng.integers(1 << 30))
         next_obs, _ = env.reset(seed=seed)
         return next_obs
+
+    def _leak(self, params: dict[str, Any], length: int) -> None:
+        if length < params["long_episode_steps"]:
+            return
+        leaked = params["bytes_per_step"] * length
+        live = int(leaked * params.get("live_share", 0.0))
+        self.gpu.hold(live)
+        self.gpu.fragment(leaked - live)
 
     def train(self, batch: Rollout | None) -> None:
         """One update of the group; ``batch`` None while this worker's sampler is paused:
@@ -371,7 +393,7 @@ class ExperimentWorker:
             return
         self.gpu.thermal_fault = bool(self.faults.active("thermal_throttle"))
         self.gpu.slowdown = self.faults.slowdown()
-        if not self.faults.active("memory_leak"):
+        if not self.faults.active("memory_leak") and self.model_leak is None:
             self.gpu.release_held()  # the leak's live tensors go with the fault
         batch = self._next_rollout()
         if batch is None and time.time() >= self.a.end_at:

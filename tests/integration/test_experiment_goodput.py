@@ -42,3 +42,22 @@ def test_goodput_runs_three_arms_and_only_the_dsec_arm_acts(kafka_bootstrap, tmp
     assert "oom" not in acting["causes"]
     page = report.read_text()
     assert "<svg" in page and "<th>strong</th>" in page
+
+
+@pytest.mark.timeout(600)
+def test_goodput_placement_moves_a_restarted_worker_off_the_leaky_model(
+        kafka_bootstrap, tmp_path) -> None:
+    """One arm, placement on: the worker that starts on the leaky model's card OOMs, and the
+    restarter, asking the recommendation API, brings it back on a card of the other model."""
+    result = CliRunner().invoke(app, [
+        "experiment", "goodput", "--scenario", "leaky-model", "--workers", "2",
+        "--duration-s", "60", "--arms", "dsec", "--placement", "on",
+        "--bootstrap", kafka_bootstrap, "--run-dir", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(out) == {"dsec", "run"} and out["run"]["placement"] is True
+    placed = out["dsec"]["placement"]
+    assert out["dsec"]["causes"].get("oom", 0) >= 1
+    assert placed["restarts"] >= 1 and placed["restarts_on_leaky_model"] == 0
+    assert all(move["error"] is None for move in placed["moves"])
+    assert placed["moved"] >= 1
