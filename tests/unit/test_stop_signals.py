@@ -30,7 +30,13 @@ def test_a_burst_of_signals_stops_the_service_instead_of_wedging_it() -> None:
              "from dsec.infra.stop_signals import StopSignals\n"
              "stop = StopSignals()\n"
              "print('ready', flush=True)\n"
-             "stop.wait()\n"],
+             "stop.wait()\n"
+             # Past here the burst is no longer StopSignals' to take: at exit the
+             # interpreter puts back the default handlers, and a late signal from a
+             # descheduled sender would then kill the process instead.
+             "import signal\n"
+             "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"],
             stdout=subprocess.PIPE, text=True)
         assert service.stdout.readline().strip() == "ready"
         for index in range(200):
