@@ -21,8 +21,8 @@ class Assignment:
     store_port: int
     run_dir: str
     scenario_file: str  # JSON: {"scenario": ..., "schedule": [...]}
-    t0: float  # epoch seconds of the run's start (fault times are relative to it)
-    end_at: float  # epoch seconds
+    t0_s: float  # epoch seconds of the run's start (fault times are relative to it)
+    end_at_s: float  # epoch seconds
     seed: int
     incarnation: int
     job_id: str

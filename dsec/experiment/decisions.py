@@ -35,9 +35,9 @@ class DecisionsUnreadable(RuntimeError):
 @dataclass
 class DecisionCounts(BatchWriter[list[PolicyDecision]]):
     """Decisions by ``policy:kind``, and when each decision to act (fired, or dry run) was
-    taken, in seconds from ``t0``, except the periodic snapshot's."""
+    taken, in seconds from ``t0_s``, except the periodic snapshot's."""
 
-    t0: float
+    t0_s: float
     counts: dict[str, int] = field(default_factory=dict)
     timeline: list[dict] = field(default_factory=list)
 
@@ -53,7 +53,7 @@ class DecisionCounts(BatchWriter[list[PolicyDecision]]):
             self.counts[name] = self.counts.get(name, 0) + 1
             if kind in ACTING and decision.policy_name != UNTIMED_POLICY:
                 self.timeline.append({
-                    "t": round(ms_to_s(decision.event_time_ms) - self.t0, 2),
+                    "t": round(ms_to_s(decision.event_time_ms) - self.t0_s, 2),
                     "policy": decision.policy_name, "decision": kind.value,
                     "stage": decision.stage,
                     "worker": decision.identity.worker_id if decision.identity else None,
@@ -65,14 +65,14 @@ def _unreadable(message: Message, reason: str) -> None:
         f"{message.topic()}@{message.partition()}:{message.offset()}: {reason}")
 
 
-def count_decisions(settings: DsecSettings, t0: float,
+def count_decisions(settings: DsecSettings, t0_s: float,
                     consumer_factory: Callable[[dict], Any] = Consumer,
                     ) -> tuple[dict[str, int], list[dict]]:
     """The arm's decisions by ``policy:kind``, and its timeline of decisions to act, in
     the order they were taken. A read cut short by ``READ_TIMEOUT_S`` gives what it read."""
     topic = topic_names(settings.topic_prefix).decisions
     group = f"{settings.topic_prefix}-experiment-count"  # assigned: never joins it
-    counts = DecisionCounts(t0)
+    counts = DecisionCounts(t0_s)
     loop = ConsumerLoop(
         ConsumerLoopConfig((topic,), group, poll_timeout_s=0.5, start=Start.BEGINNING,
                            assign=True, until_end=True, commit=False,

@@ -72,7 +72,7 @@ class WorkerMeasure:
     degraded_any_s: float = 0.0
 
 
-def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerMeasure:
+def measure_worker(events: Sequence[Event], t0_s: float, end_at_s: float) -> WorkerMeasure:
     """One worker slot, across its incarnations."""
     result = WorkerMeasure()
     kept: list[tuple[int, float]] = []  # (updates after the update, its step time)
@@ -82,7 +82,7 @@ def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerM
         if kind in ("update", "paused_update"):
             # only the part of the step inside the measured window counts
             dur = float(event["dur"])  # type: ignore[arg-type]
-            inside = max(0.0, min(t, end_at) - max(t - dur, t0))
+            inside = max(0.0, min(t, end_at_s) - max(t - dur, t0_s))
             if inside > 0:
                 result.updates_done += 1
                 modes = degraded_modes(event)
@@ -100,7 +100,7 @@ def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerM
             if died_at is not None:
                 result.recoveries_s.append(t - died_at)
                 died_at = None
-        elif kind == "death" and t <= end_at:
+        elif kind == "death" and t <= end_at_s:
             result.interruptions += 1
             cause = str(event.get("cause", "unknown"))
             result.causes[cause] = result.causes.get(cause, 0) + 1
@@ -110,10 +110,10 @@ def measure_worker(events: Sequence[Event], t0: float, end_at: float) -> WorkerM
     return result
 
 
-def return_curve(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: float,
+def return_curve(timelines: Mapping[int, Sequence[Event]], t0_s: float, end_at_s: float,
                  bins: int = 12) -> list[float | None]:
     """Mean episode return per time bin, over every worker of the arm."""
-    edges = np.linspace(t0, end_at, bins + 1)
+    edges = np.linspace(t0_s, end_at_s, bins + 1)
     sums, counts = np.zeros(bins), np.zeros(bins)
     for events in timelines.values():
         for event in events:
@@ -126,23 +126,23 @@ def return_curve(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: fl
     return [round(float(s / c), 2) if c else None for s, c in zip(sums, counts, strict=True)]
 
 
-def return_auc(curve: Sequence[float | None], t0: float, end_at: float) -> float:
+def return_auc(curve: Sequence[float | None], t0_s: float, end_at_s: float) -> float:
     """The area under the return curve, in return x seconds (a bin with no episode
     ended counts 0: no learning shown there)."""
-    bin_s = (end_at - t0) / max(1, len(curve))
+    bin_s = (end_at_s - t0_s) / max(1, len(curve))
     return round(sum(v or 0.0 for v in curve) * bin_s, 1)
 
 
-def final_mean_return(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: float,
+def final_mean_return(timelines: Mapping[int, Sequence[Event]], t0_s: float, end_at_s: float,
                       tail_fraction: float = 0.2) -> float | None:
     """Mean return at the end of the run: each worker's mean over the episodes that ended
     in the last ``tail_fraction`` of the run, averaged over workers (a worker stuck in
     many short episodes counts once, not once per episode)."""
-    start = end_at - (end_at - t0) * tail_fraction
+    start = end_at_s - (end_at_s - t0_s) * tail_fraction
     means = []
     for events in timelines.values():
         returns = [float(e["ret"]) for e in events  # type: ignore[arg-type]
-                   if e["e"] == "episode" and start <= float(e["t"]) <= end_at]  # type: ignore[arg-type]
+                   if e["e"] == "episode" and start <= float(e["t"]) <= end_at_s]  # type: ignore[arg-type]
         if returns:
             means.append(float(np.mean(returns)))
     return round(float(np.mean(means)), 2) if means else None
@@ -199,9 +199,10 @@ def _count(items: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: float) -> ArmResult:
-    wall_s = end_at - t0
-    workers = {slot: measure_worker(events, t0, end_at) for slot, events in timelines.items()}
+def measure_arm(timelines: Mapping[int, Sequence[Event]], t0_s: float,
+                end_at_s: float) -> ArmResult:
+    wall_s = end_at_s - t0_s
+    workers = {slot: measure_worker(events, t0_s, end_at_s) for slot, events in timelines.items()}
     slots = max(1, len(workers))
     recoveries = [r for w in workers.values() for r in w.recoveries_s]
     causes: dict[str, int] = {}
@@ -209,7 +210,7 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
         for cause, n in w.causes.items():
             causes[cause] = causes.get(cause, 0) + n
     applied = actions_applied(timelines)
-    curve = return_curve(timelines, t0, end_at)
+    curve = return_curve(timelines, t0_s, end_at_s)
     degraded: dict[str, float] = {}
     for w in workers.values():
         for mode, seconds in w.degraded_s.items():
@@ -224,8 +225,8 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
             sum(w.productive_s for w in workers.values()) / (slots * wall_s), 4),
         steps=sum(w.updates_kept for w in workers.values()) * OPTIMIZER_STEPS_PER_UPDATE,
         gpu_utilisation=round(sum(w.busy_s for w in workers.values()) / (slots * wall_s), 4),
-        final_mean_return=final_mean_return(timelines, t0, end_at),
-        return_auc=return_auc(curve, t0, end_at),
+        final_mean_return=final_mean_return(timelines, t0_s, end_at_s),
+        return_auc=return_auc(curve, t0_s, end_at_s),
         steps_per_s=round(sum(w.updates_done for w in workers.values())
                           * OPTIMIZER_STEPS_PER_UPDATE / wall_s, 3),
         degraded_ratio=round(sum(w.degraded_any_s for w in workers.values())
@@ -234,8 +235,8 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0: float, end_at: flo
         return_curve=curve,
         actions=_count(a["kind"] for a in applied),
         actions_not_applied=actions_not_applied(timelines),
-        action_timeline=[{**a, "t": round(a["t"] - t0, 2)} for a in applied],
-        deaths=[{"worker": slot, "t": round(float(e["t"]) - t0, 2),  # type: ignore[arg-type]
+        action_timeline=[{**a, "t": round(a["t"] - t0_s, 2)} for a in applied],
+        deaths=[{"worker": slot, "t": round(float(e["t"]) - t0_s, 2),  # type: ignore[arg-type]
                  "cause": e.get("cause", "unknown")}
                 for slot, events in timelines.items() for e in events if e["e"] == "death"],
         per_worker={slot: {"interruptions": w.interruptions,

@@ -346,8 +346,8 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 time.sleep(0.2)
         _wait_ready([slot.process for slot in slots]
                     + [spare for arm in arms for spare in spares[arm]], deadline)
-        t0 = time.time() + 1.0
-        end_at = t0 + duration_s
+        t0_s = time.time() + 1.0
+        end_at_s = t0_s + duration_s
 
         def assignment(slot: _Slot) -> Assignment:
             return Assignment(
@@ -358,7 +358,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                                * options.workers_per_group),
                 node_id=node_id(slot.index // options.workers_per_group),
                 store_port=store.port, run_dir=str(run_dir), scenario_file=str(plan_path),
-                t0=t0, end_at=end_at, seed=options.seed, incarnation=slot.incarnation,
+                t0_s=t0_s, end_at_s=end_at_s, seed=options.seed, incarnation=slot.incarnation,
                 job_id=f"{run_id}-{slot.arm}",
                 gpu_uuid=slot.card.uuid if slot.card else "",
                 gpu_model=slot.card.model if slot.card else "")
@@ -372,7 +372,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
         watched_at = time.time()
         died: set[tuple[str, int]] = set()
         moves: dict[str, list[dict]] = {arm: [] for arm in arms}
-        while time.time() < end_at:
+        while time.time() < end_at_s:
             now = time.time()
             if died or now - watched_at >= WATCHDOG_INTERVAL_S:
                 _restart_stuck(slots, run_dir, now, watchdog, scenario.collective_timeout_s,
@@ -387,7 +387,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                                 slot.card, asked = _placed_card(apis[slot.arm], slot, slots,
                                                                 layouts[slot.arm])
                             moves[slot.arm].append({
-                                "slot": slot.index, "t": round(now - t0, 2),
+                                "slot": slot.index, "t": round(now - t0_s, 2),
                                 "from": before.uuid, "to": slot.card.uuid,
                                 "to_model": slot.card.model, **asked})
                         spare = spares[slot.arm].pop(0)
@@ -410,7 +410,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 slot.incarnation += 1
                 slot.restart_at = now + scenario.restart_delay_s
             time.sleep(0.05)
-        for slot in slots:  # workers stop at end_at by themselves
+        for slot in slots:  # workers stop at end_at_s by themselves
             try:
                 slot.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -419,19 +419,19 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             for spare in spares[arm]:
                 if spare.stdin is not None:
                     spare.stdin.close()
-        decisions = {arm: count_decisions(settings_by_arm[arm], t0) for arm in arms}
+        decisions = {arm: count_decisions(settings_by_arm[arm], t0_s) for arm in arms}
         (run_dir / "exits.json").write_text(json.dumps(exits))
         result: dict = {}
         leaky_models = {m.name for m in fleet.models if m.leak} if fleet is not None else set()
         for arm in arms:
             timelines = read_timelines(run_dir / arm)
-            arm_result: ArmResult = measure_arm(timelines, t0, end_at)
+            arm_result: ArmResult = measure_arm(timelines, t0_s, end_at_s)
             counts, decided = decisions[arm]
             result[arm] = {**arm_result.to_json(), "policy_decisions": counts,
                            "decision_timeline": decided}
             if fleet is not None:
                 result[arm]["placement"] = _placement_summary(moves[arm], leaky_models)
-        result["run"] = {"t0": t0, "scenario": scenario.name, "workers": options.workers,
+        result["run"] = {"t0_s": t0_s, "scenario": scenario.name, "workers": options.workers,
                          "duration_s": round(duration_s, 2), "seed": options.seed,
                          "cpu_slowdown": options.cpu_slowdown,
                          "arms": list(arms), "placement": placing,

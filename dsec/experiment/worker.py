@@ -113,7 +113,7 @@ class ExperimentWorker:
         self.arm = ARM_CONFIGS[a.arm]
         self.scenario = plan["scenario"]
         self.fault_params = self.scenario["faults"]
-        born_s = time.time() - a.t0
+        born_s = time.time() - a.t0_s
         self.born_s = born_s
         # A fault that struck an earlier incarnation of this worker does not strike it again.
         schedule = [FaultEvent(**{k: e[k] for k in ("kind", "worker", "start_s", "end_s")})
@@ -123,7 +123,7 @@ class ExperimentWorker:
         self.timeline.write("start", incarnation=a.incarnation, pid=os.getpid())
         self.rng = np.random.default_rng(a.seed * 7919 + a.slot * 31 + a.incarnation)
         self.faults = ScheduledFaults(schedule, self.fault_params,
-                                      lambda: time.time() - a.t0, self.rng)
+                                      lambda: time.time() - a.t0_s, self.rng)
 
         self.config = PpoConfig()
         torch.manual_seed(1000 * a.seed + a.group)  # a group starts from one set of weights
@@ -372,7 +372,7 @@ class ExperimentWorker:
     def _next_rollout(self) -> Rollout | None:
         """The rollout asked for, or None once the sampling thread is parked at the gate.
         While waiting, the training thread is at a safe point: commands apply here."""
-        while time.time() < self.a.end_at:
+        while time.time() < self.a.end_at_s:
             batch = self.rollouts.take(ROLLOUT_WAIT_S)
             if batch is not None:
                 return batch
@@ -396,7 +396,7 @@ class ExperimentWorker:
         if not self.faults.active("memory_leak") and self.model_leak is None:
             self.gpu.release_held()  # the leak's live tensors go with the fault
         batch = self._next_rollout()
-        if batch is None and time.time() >= self.a.end_at:
+        if batch is None and time.time() >= self.a.end_at_s:
             return  # the run is over: no step the group's members may not all take
         if batch is not None:
             self.gpu.set_working_set(SIM_BASE_BYTES + SIM_ACTIVATION_BYTES_PER_SAMPLE
@@ -423,7 +423,7 @@ class ExperimentWorker:
         """A silent hang: the training loop stops for good; the process, its heartbeat
         thread and its sockets live on until something kills it or the run ends."""
         self.timeline.write("hang")
-        while time.time() < self.a.end_at:
+        while time.time() < self.a.end_at_s:
             time.sleep(0.2)
 
     def _train_in_group(self, gen: int) -> int:
@@ -447,13 +447,13 @@ class ExperimentWorker:
             dsec.report_resume(RESUME_SOURCES.get(source, "checkpoint"),
                                time.time() - started)
         try:
-            while time.time() < self.a.end_at:
+            while time.time() < self.a.end_at_s:
                 self._update()
             return -1
         except SimulatedOutOfMemoryError:
             raise
         except RuntimeError as exc:  # a member of the group is gone
-            if time.time() >= self.a.end_at:
+            if time.time() >= self.a.end_at_s:
                 return -1
             if self.group.timed_out():  # as the NCCL watchdog ends a trainer whose
                 self.die("collective_timeout", str(exc))  # collective timed out

@@ -44,7 +44,7 @@ class GroupSync:
         a = self._a
         while True:
             self.beat()
-            if time.time() > a.end_at:
+            if time.time() > a.end_at_s:
                 return -1
             gen = int(self._store.get(self._gen_key))
             try:
@@ -61,7 +61,7 @@ class GroupSync:
     def leave(self, gen: int) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        while int(self._store.get(self._gen_key)) == gen and time.time() < self._a.end_at:
+        while int(self._store.get(self._gen_key)) == gen and time.time() < self._a.end_at_s:
             self.beat()
             time.sleep(0.05)
 
