@@ -138,7 +138,7 @@ WORKER_FEATURES: dict[str, str] = {
                                        "(ratio)",
     "cuda_oom_count": "out-of-memory errors the CUDA allocator reported (count)",
     "heartbeat_age_s": "seconds since the worker's last heartbeat",
-    "worker_lost": "1 when silent for 3 heartbeat intervals, else 0",
+    "worker_lost": "1 when silent for 3 heartbeat intervals while others go on, else 0",
     "step_stalled_heartbeats": "heartbeats in a row whose step count did not move, once the "
                                "worker has stepped (count)",
     "step_stalled_s": "seconds since the step count the heartbeats carry last moved, while "

@@ -99,6 +99,7 @@ def register_metrics_job(
     @app.timer(interval=1.0)
     async def liveness_check() -> None:
         result = job.check_liveness(now_ms(), partition_end)
+        job.save(result.overdue)
         if result.outputs:
             await asyncio.gather(*[await send(output) for output in result.outputs])
         job.save(result.states)

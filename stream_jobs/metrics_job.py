@@ -32,7 +32,7 @@ from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
 from dsec.schemas.units import s_to_ms
-from dsec.stream_jobs import card_reports, finite, worker_features
+from dsec.stream_jobs import card_reports, finite, silence, worker_features
 from dsec.stream_jobs.runtime_features import runtime_features
 from dsec.stream_jobs.worker_features import FeatureConfig, GpuContribution
 from dsec.stream_jobs.worker_state import WorkerState
@@ -92,10 +92,13 @@ class BatchResult:
 @dataclass
 class LivenessResult:
     """Workers found lost: their feature events, and their states to save once those are
-    out. ``lost_workers``: how many of the workers held here are lost, these included."""
+    out. ``overdue``: the states of workers found overdue, or no longer, with nothing to
+    publish: to save at once, before any await lets a batch save newer ones.
+    ``lost_workers``: how many of the workers held here are lost, these included."""
 
     outputs: list[Output] = field(default_factory=list)
     states: dict[str, WorkerState] = field(default_factory=dict)
+    overdue: dict[str, WorkerState] = field(default_factory=dict)
     lost_workers: int = 0
 
 
@@ -158,13 +161,23 @@ class MetricsJob:
         self, now_ms: int, partition_end: Callable[[int], int | None],
     ) -> LivenessResult:
         """``partition_end``: a metrics partition's end offset as last fetched (None where
-        unknown or not assigned here)."""
+        unknown or not assigned here).
+
+        A worker's silence is weighed against how far the stream has come over every
+        worker held here, from the states saved: those of a batch still being worked
+        through do not move it, so a worker whose heartbeat waits in that batch is not
+        judged against others already read from it."""
         result = LivenessResult()
+        progress_ms = silence.stream_progress_ms(
+            (state.heartbeat.last_event_ms for state in self.states.values()), now_ms)
         for worker, state in list(self.states.items()):
             caught_up = self._caught_up(state.partition, partition_end)
-            new_state, lost = worker_features.liveness(state, now_ms, self.config, caught_up)
+            new_state, lost = worker_features.liveness(state, now_ms, self.config, caught_up,
+                                                       progress_ms)
             if lost is None:
                 result.lost_workers += state.heartbeat.lost
+                if new_state is not state:
+                    result.overdue[worker] = new_state
                 continue
             result.lost_workers += 1
             assert state.identity is not None  # a state with a heartbeat has its identity

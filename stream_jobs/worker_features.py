@@ -16,7 +16,7 @@ from dsec.schemas import WorkerIdentity
 from dsec.schemas.frames import Frame
 from dsec.schemas.metrics import MICRO_STEP
 from dsec.schemas.units import duration_ms, ms_to_s
-from dsec.stream_jobs import episode_endings, gpu_features, reward_volatility, stats
+from dsec.stream_jobs import episode_endings, gpu_features, reward_volatility, silence, stats
 from dsec.stream_jobs.step_progress import step_progress
 from dsec.stream_jobs.worker_state import (
     RECENT_BATCHES,
@@ -64,6 +64,9 @@ class FeatureConfig:
     gpu_window_samples: int = 64
     regime_bounds_steps: tuple[float, float] = (100.0, 300.0)
     lost_after_intervals: float = 3.0
+    # An overdue worker is lost after this much more silence on the job's clock: after a
+    # stall of the whole input, producers' backlogs come back in no set order.
+    lost_grace_s: float = 2.0
 
 
 @dataclass
@@ -388,17 +391,23 @@ def _heartbeats(previous: Heartbeat, frame: Frame, now_ms: int,
     out["probe_samples_dropped"] = float(frame["samples_dropped"][-1])
     out["heartbeat_age_s"] = 0.0
     out["worker_lost"] = 0.0
+    newest_ms = int(frame["event_time_ms"].max())
+    if previous.last_event_ms is not None:
+        newest_ms = max(newest_ms, previous.last_event_ms)  # an older batch read late
     seen = replace(previous, last_seen_ms=now_ms, interval_s=float(frame["interval_s"][-1]),
-                   lost=False)
+                   lost=False, last_event_ms=newest_ms, overdue_since_ms=None)
     return step_progress(seen, frame["step"], now_ms, out)
 
 
 def liveness(
-    state: WorkerState, now_ms: int, config: FeatureConfig, caught_up: bool = True
+    state: WorkerState, now_ms: int, config: FeatureConfig, caught_up: bool = True,
+    progress_ms: int | None = None,
 ) -> tuple[WorkerState, dict[str, float] | None]:
-    """The worker is lost once silent for ``lost_after_intervals`` heartbeat intervals:
-    returns the new state and the features to publish when that happens (else None).
-    The way back is the next heartbeat, handled by ``update``.
+    """The worker is lost once silent for ``lost_after_intervals`` heartbeat intervals,
+    on the job's clock and in event time against ``progress_ms`` (the stream's progress,
+    ``silence.stream_progress_ms`` over the workers held here), then ``lost_grace_s``
+    more: returns the new state and the features to publish when that happens (else
+    None). The way back is the next heartbeat, handled by ``update``.
 
     ``caught_up``: whether every message already on the worker's partition has been
     processed. While some wait, silence is not the worker's (its heartbeats may be among
@@ -406,8 +415,15 @@ def liveness(
     heartbeat = state.heartbeat
     if heartbeat.last_seen_ms is None or heartbeat.lost or not caught_up:
         return state, None
+    verdict = silence.judge_silence(
+        last_seen_ms=heartbeat.last_seen_ms, last_event_ms=heartbeat.last_event_ms,
+        progress_ms=progress_ms, overdue_since_ms=heartbeat.overdue_since_ms, now_ms=now_ms,
+        rule=silence.SilenceRule(config.lost_after_intervals * heartbeat.interval_s,
+                                 config.lost_grace_s))
+    judged = replace(heartbeat, lost=verdict.lost,
+                     overdue_since_ms=verdict.overdue_since_ms)
+    new_state = state if judged == heartbeat else replace(state, heartbeat=judged)
+    if not verdict.lost:
+        return new_state, None
     age_s = ms_to_s(now_ms - heartbeat.last_seen_ms)
-    if age_s <= config.lost_after_intervals * heartbeat.interval_s:
-        return state, None
-    lost = replace(state, heartbeat=replace(heartbeat, lost=True))
-    return lost, {"worker_lost": 1.0, "heartbeat_age_s": age_s}
+    return new_state, {"worker_lost": 1.0, "heartbeat_age_s": age_s}

@@ -135,6 +135,9 @@ class CardSeen:
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """``last_seen_ms``: the wall-clock time (epoch ms) the job last read a heartbeat.
+    ``last_event_ms``: the newest heartbeat event time the worker sent (its clock).
+    ``overdue_since_ms``: since when (job's clock) the worker has been silent past the
+    timeout in this silence (``silence.judge_silence``).
     ``last_step``, ``step_changed_ms``, ``stalled_beats``: the step count the last one
     carried, when that count last moved, heartbeats since without a step
     (``step_progress``)."""
@@ -145,6 +148,8 @@ class Heartbeat:
     last_step: int | None = None
     step_changed_ms: int | None = None
     stalled_beats: int = 0
+    last_event_ms: int | None = None
+    overdue_since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,7 +119,8 @@ ALERT_NOTIFICATIONS = MetricSpec(
     ("status", "result"))
 WORKERS_LOST = MetricSpec(
     "dsec_workers_lost", "gauge",
-    "Workers silent for 3 heartbeat intervals, among those whose state this process holds.")
+    "Workers silent for 3 heartbeat intervals while others go on, among those whose state "
+    "this process holds.")
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     EVENTS_IN, EVENTS_OUT, EVENTS_DEAD_LETTERED, CONSUMER_LAG, FEATURE_UPDATE_LATENCY,

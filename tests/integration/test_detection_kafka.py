@@ -13,6 +13,8 @@ and stored features out.
 - the worker's own CUDA memory is a feature;
 - a reward variance jump among slow episodes is seen in a few episodes, not 40;
 - ``dsec policy test --against-history`` replays the stored features through a policy.
+- a stall of the input is not the loss of every worker: nobody is lost while nothing
+  arrives, and a worker silent while the others go on is.
 """
 
 from __future__ import annotations
@@ -259,3 +261,47 @@ def test_policy_test_against_history_shows_what_a_policy_would_have_fired(stack)
     fired = {r["worker_id"] for r in rows if r["decision"] == "fired"}
     assert fired == {"stuck"}, rows
     assert time.monotonic() - started < 60
+
+
+def _beat(worker_id: str, t_ms: int) -> bytes:
+    """A heartbeat alone, each second of the worker's time, as a probe sends it."""
+    return orjson.dumps({
+        "schema_version": SCHEMA_VERSION, "event_id": f"{worker_id}-{t_ms}",
+        "event_time_ms": t_ms, "gpu_uuid": None,
+        "identity": {"job_id": "beats", "worker_id": worker_id, "node_id": "node-2"},
+        "columns": {"heartbeat": {"event_time_ms": [t_ms], "interval_s": [1.0]}}})
+
+
+def test_nobody_is_lost_while_nothing_arrives_and_the_silent_one_is_once_others_go_on(
+        stack) -> None:
+    settings, decisions = stack
+    producer = make_producer(settings, "test-detection-beats")
+    topic = topic_names(settings.topic_prefix).metrics
+    workers = ("beat-0", "beat-1", "beat-2")
+
+    def send(senders: tuple[str, ...]) -> None:
+        t_ms = now_ms()
+        for worker in senders:
+            producer.produce(topic, key=worker.encode(), value=_beat(worker, t_ms))
+        assert producer.flush(30) == 0
+
+    def lost() -> set[str]:
+        return {d.identity.worker_id for d in decisions.drain()
+                if d.policy_name == "worker-lost" and d.identity is not None
+                and d.identity.worker_id in workers and d.decision in ACTED}
+
+    for _ in range(3):
+        send(workers)
+        time.sleep(1.0)
+    wait_for(lambda: query(settings, "SELECT uniqExact(worker_id) FROM features "
+                                     "WHERE job_id = 'beats' AND feature = 'worker_lost'")
+             ["rows"][0][0] == 3, 60, what="the heartbeats' features")
+    # Silence from everyone, 4 times past the 3 s timeout and its grace: an input stall.
+    time.sleep(12.0)
+    assert lost() == set()
+    # Two go on; the third stays silent and is lost.
+    started = time.monotonic()
+    while "beat-2" not in lost() and time.monotonic() - started < 60:
+        send(workers[:2])
+        time.sleep(1.0)
+    assert lost() == {"beat-2"}

@@ -24,6 +24,7 @@ from dsec.schemas import (
 from dsec.schemas.policies import TargetSelector
 from dsec.schemas.topics import topic_names
 from dsec.stream_jobs.metrics_job import MetricsJob, derived_event_id
+from dsec.stream_jobs.worker_features import FeatureConfig
 from dsec.stream_jobs.worker_state import WorkerState, WorkerStateTable
 
 TOPICS = topic_names("t")
@@ -152,12 +153,22 @@ def test_a_table_entry_of_before_is_read_and_carried_on() -> None:
     assert result.states["worker-000"].episodes.episodes_total == 2 + 20  # offset 1 was seen
 
 
+def _others_go_on(job: MetricsJob, now_ms: int) -> None:
+    """Another worker, on a partition of its own, heard from until ``now_ms``: the stream
+    goes on while the worker under test is silent."""
+    start_ms = now_ms - 3_000
+    pacer = grad_norm_decay(TraceIdentity(worker_id="pacer", start_ms=start_ms), -0.01, steps=2)
+    job.save(job.process(_records(pacer, partition=9, first_offset=job.counters.messages_in),
+                         now_ms).states)
+
+
 def test_liveness_reports_a_silent_worker_once_and_only_when_caught_up() -> None:
     batch = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=10)  # 1 s heartbeats
-    job = MetricsJob(TOPICS, {})
+    job = MetricsJob(TOPICS, {}, FeatureConfig(lost_grace_s=0.0))
     now_ms = _now_ms(batch)
     job.save(job.process(_records(batch, partition=3, first_offset=40), now_ms).states)
     last = 40 + len(batch) - 1
+    _others_go_on(job, now_ms + 10_000)
 
     behind = job.check_liveness(now_ms + 10_000, lambda partition: last + 5)
     assert behind.outputs == [] and behind.lost_workers == 0
@@ -170,8 +181,35 @@ def test_liveness_reports_a_silent_worker_once_and_only_when_caught_up() -> None
     assert output.event.event_id == derived_event_id("lost", "worker-000", now_ms)
     assert lost.lost_workers == 1
     job.save(lost.states)
+    _others_go_on(job, now_ms + 20_000)
     again = job.check_liveness(now_ms + 20_000, lambda partition: last + 1)
     assert again.outputs == [] and again.lost_workers == 1
+
+
+def test_liveness_declares_nobody_lost_while_nothing_arrives_then_the_silent_one() -> None:
+    job = MetricsJob(TOPICS, {})
+    batches = {worker: grad_norm_decay(TraceIdentity(worker_id=worker), -0.01, steps=10)
+               for worker in ("w0", "w1", "w2")}
+    now_ms = max(_now_ms(b) for b in batches.values())
+    for partition, batch in enumerate(batches.values()):
+        job.save(job.process(_records(batch, partition=partition), now_ms).states)
+    caught_up = {p: len(b) for p, b in enumerate(batches.values())}
+    for later_s in (5, 60, 600):  # the input stalls: no event from anyone
+        stalled = job.check_liveness(now_ms + later_s * 1000, caught_up.get)
+        assert stalled.outputs == [] and stalled.overdue == {} and stalled.lost_workers == 0
+    # w0 and w1 come back, their heartbeats 10 minutes on; w2 stays silent.
+    for partition, worker in enumerate(("w0", "w1")):
+        resumed = [batch.model_copy(update={"event_id": f"{worker}-resumed"}) for batch in
+                   grad_norm_decay(TraceIdentity(worker_id=worker, start_ms=now_ms + 598_000),
+                                   -0.01, steps=10)]
+        job.save(job.process(_records(resumed, partition=partition, first_offset=10),
+                             now_ms + 600_000).states)
+        caught_up[partition] = 10 + len(resumed)
+    overdue = job.check_liveness(now_ms + 600_500, caught_up.get)
+    assert overdue.outputs == [] and list(overdue.overdue) == ["w2"]  # the grace: 2 s
+    job.save(overdue.overdue)
+    (lost,) = job.check_liveness(now_ms + 602_500, caught_up.get).outputs
+    assert lost.key == b"w2" and lost.event.features["worker_lost"] == 1.0
 
 
 def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() -> None:
@@ -189,7 +227,10 @@ def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() ->
     assert selector.matches(event.identity.job_id, event.tags)
     assert event.target_pool() == "a100-pool"
     job.save(result.states)
+    _others_go_on(job, _now_ms(batches) + 60_000)
     lost = job.check_liveness(_now_ms(batches) + 60_000, lambda partition: len(batches))
+    job.save(lost.overdue)
+    lost = job.check_liveness(_now_ms(batches) + 62_000, lambda partition: len(batches))
     assert lost.outputs[0].event.tags == {"pool": "a100-pool", "rack": "r7",
                                           "gpu_model": IDENTITY.gpu_model}
     unpooled = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)[:3]

@@ -16,6 +16,7 @@ from dsec.stream_jobs.worker_features import FeatureConfig
 from dsec.stream_jobs.worker_state import WorkerState
 
 CONFIG = FeatureConfig()
+NO_GRACE = FeatureConfig(lost_grace_s=0.0)
 
 
 def _run(batches):
@@ -97,23 +98,55 @@ def test_offsets_below_a_full_window_count_as_seen() -> None:
 def test_liveness_lost_once_then_back_on_heartbeat() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
     state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
-    state, lost = worker_features.liveness(state, 12_000, CONFIG)
+    last_event_ms = state.heartbeat.last_event_ms
+    assert last_event_ms == max(batch.columns.heartbeat.event_time_ms)
+
+    def on(now_ms: int):  # the others go on, their event times keeping pace with the clock
+        return dict(now_ms=now_ms, config=NO_GRACE, progress_ms=last_event_ms + now_ms - 10_000)
+
+    state, lost = worker_features.liveness(state, **on(12_000))
     assert lost is None
-    state, lost = worker_features.liveness(state, 13_500, CONFIG)
+    state, lost = worker_features.liveness(state, **on(13_500))
     assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 3.5}
-    state, lost = worker_features.liveness(state, 20_000, CONFIG)
+    state, lost = worker_features.liveness(state, **on(20_000))
     assert lost is None  # reported once
     back = worker_features.update(state, batch_frames(batch), 0, 1, 21_000, CONFIG)
     assert back.features["worker_lost"] == 0.0 and back.state.heartbeat.lost is False
+    assert back.state.heartbeat.overdue_since_ms is None
 
 
 def test_a_worker_is_not_lost_while_its_partition_has_unread_messages() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
     state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
-    behind, lost = worker_features.liveness(state, 30_000, CONFIG, caught_up=False)
+    progress_ms = state.heartbeat.last_event_ms + 20_000
+    behind, lost = worker_features.liveness(state, 30_000, NO_GRACE, caught_up=False,
+                                            progress_ms=progress_ms)
     assert lost is None and not behind.heartbeat.lost
-    _, lost = worker_features.liveness(behind, 30_000, CONFIG, caught_up=True)
+    _, lost = worker_features.liveness(behind, 30_000, NO_GRACE, caught_up=True,
+                                       progress_ms=progress_ms)
     assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 20.0}
+
+
+def test_a_worker_is_not_lost_while_nothing_arrives_from_anyone() -> None:
+    batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
+    state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    stalled_ms = state.heartbeat.last_event_ms  # the stream got no further than this worker
+    for now_ms in (15_000, 60_000, 600_000):
+        state, lost = worker_features.liveness(state, now_ms, NO_GRACE, progress_ms=stalled_ms)
+        assert lost is None and state.heartbeat.overdue_since_ms is None
+
+
+def test_an_overdue_worker_is_lost_after_the_grace_unless_heard_from() -> None:
+    batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
+    state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
+    progress_ms = state.heartbeat.last_event_ms + 30_000  # the stream came back at once
+    overdue, lost = worker_features.liveness(state, 30_000, CONFIG, progress_ms=progress_ms)
+    assert lost is None and overdue.heartbeat.overdue_since_ms == 30_000
+    heard = worker_features.update(overdue, batch_frames(batch), 0, 1, 30_500, CONFIG).state
+    _, lost = worker_features.liveness(heard, 32_000, CONFIG, progress_ms=progress_ms)
+    assert lost is None  # its backlog came in within the grace
+    _, lost = worker_features.liveness(overdue, 32_000, CONFIG, progress_ms=progress_ms)
+    assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 22.0}
 
 
 def test_the_last_ending_is_tagged_for_alerts() -> None:
