@@ -44,9 +44,10 @@ lint: setup
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mkdocs build --strict --quiet
 
-# The unit tier alone: no broker, no services (about two minutes on 2 cores).
+# The unit tier alone: no broker, no services, a pytest worker per core (about a minute
+# on 2 cores).
 test-fast: lint
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit -n auto
 
 # Every decoder of wire bytes against hostile inputs (hypothesis), no broker.
 test-fuzz: lint
