@@ -26,6 +26,9 @@ class SilenceRule:
 
     timeout_s: float
     grace_s: float = 0.0
+    # How long the whole input may stand still before silence on the job's clock alone
+    # counts: a stall passes, but a job whose workers all died stays silent.
+    stall_limit_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +60,16 @@ def judge_silence(
     Overdue when silent longer than the timeout on the job's clock and the stream has gone
     on past the worker's last heartbeat by more than the timeout too; lost once overdue
     for the grace. While nothing arrives from anyone, the progress stands still and no
-    worker becomes overdue however long the wall-clock silence. The job's clock is asked
+    worker becomes overdue until the silence on the job's clock outlasts the timeout and
+    ``stall_limit_s`` together: a stall of the input passes, the death of every worker
+    does not. The job's clock is asked
     as well, so that a worker whose clock lags behind the others', still heard from, is
     not taken for silent."""
     timeout_ms = duration_ms(rule.timeout_s)
-    silent_here = now_ms - last_seen_ms > timeout_ms
-    if last_event_ms is None:
-        silent_in_stream = True
+    silent_ms = now_ms - last_seen_ms
+    silent_here = silent_ms > timeout_ms
+    if last_event_ms is None or silent_ms > timeout_ms + duration_ms(rule.stall_limit_s):
+        silent_in_stream = True  # no event time to judge by, or longer than any stall
     else:
         silent_in_stream = progress_ms is not None and progress_ms - last_event_ms > timeout_ms
     if not (silent_here and silent_in_stream):

@@ -67,6 +67,9 @@ class FeatureConfig:
     # An overdue worker is lost after this much more silence on the job's clock: after a
     # stall of the whole input, producers' backlogs come back in no set order.
     lost_grace_s: float = 2.0
+    # Past this (beyond the timeout), silence on the job's clock alone loses a worker,
+    # though nothing arrives from any other: a stall of the whole input is shorter.
+    lost_stall_limit_s: float = 60.0
 
 
 @dataclass
@@ -419,7 +422,7 @@ def liveness(
         last_seen_ms=heartbeat.last_seen_ms, last_event_ms=heartbeat.last_event_ms,
         progress_ms=progress_ms, overdue_since_ms=heartbeat.overdue_since_ms, now_ms=now_ms,
         rule=silence.SilenceRule(config.lost_after_intervals * heartbeat.interval_s,
-                                 config.lost_grace_s))
+                                 config.lost_grace_s, config.lost_stall_limit_s))
     judged = replace(heartbeat, lost=verdict.lost,
                      overdue_since_ms=verdict.overdue_since_ms)
     new_state = state if judged == heartbeat else replace(state, heartbeat=judged)

@@ -296,7 +296,9 @@ def test_nobody_is_lost_while_nothing_arrives_and_the_silent_one_is_once_others_
     wait_for(lambda: query(settings, "SELECT uniqExact(worker_id) FROM features "
                                      "WHERE job_id = 'beats' AND feature = 'worker_lost'")
              ["rows"][0][0] == 3, 60, what="the heartbeats' features")
-    # Silence from everyone, 4 times past the 3 s timeout and its grace: an input stall.
+    send(workers)  # the silence starts now, however long the store took
+    # Silence from everyone, 4 times past the 3 s timeout and its grace, well within the
+    # 60 s stall limit: an input stall.
     time.sleep(12.0)
     assert lost() == set()
     # Two go on; the third stays silent and is lost.

@@ -36,10 +36,17 @@ def test_a_worker_silent_while_the_others_go_on_is_lost_after_the_grace() -> Non
     assert lost == SilenceVerdict(lost=True, overdue_since_ms=T0_MS + 16_000)
 
 
-def test_no_worker_is_lost_while_nothing_arrives_from_anyone() -> None:
-    for now_ms in (T0_MS + 16_000, T0_MS + 600_000, T0_MS + 86_400_000):
+def test_nobody_is_lost_while_nothing_arrives_from_anyone_for_less_than_the_stall_limit() -> None:
+    """A stall of the whole input (timeout 15 s, stall limit 60 s) loses nobody; silence on
+    the job's clock past both is the loss of the worker all the same (every worker of a
+    job that died at once)."""
+    for now_ms in (T0_MS + 16_000, T0_MS + 60_000, T0_MS + 75_000):
         assert _judge(now_ms, progress_ms=T0_MS + 3_000) == SilenceVerdict(False, None)
-    assert _judge(T0_MS + 600_000, progress_ms=None) == SilenceVerdict(False, None)
+        assert _judge(now_ms, progress_ms=None) == SilenceVerdict(False, None)
+    overdue = _judge(T0_MS + 75_001, progress_ms=T0_MS + 3_000)
+    assert overdue == SilenceVerdict(lost=False, overdue_since_ms=T0_MS + 75_001)
+    lost = _judge(T0_MS + 77_001, None, overdue.overdue_since_ms)
+    assert lost == SilenceVerdict(lost=True, overdue_since_ms=T0_MS + 75_001)
 
 
 def test_a_stream_ahead_of_a_worker_heard_from_lately_is_not_its_silence() -> None:

@@ -127,13 +127,16 @@ def test_a_worker_is_not_lost_while_its_partition_has_unread_messages() -> None:
     assert lost == {"worker_lost": 1.0, "heartbeat_age_s": 20.0}
 
 
-def test_a_worker_is_not_lost_while_nothing_arrives_from_anyone() -> None:
+def test_a_worker_is_not_lost_while_nothing_arrives_from_anyone_up_to_the_stall_limit() -> None:
     batch = grad_norm_decay(TraceIdentity(), -0.01, steps=10)[0]  # heartbeat interval 1 s
     state = worker_features.update(WorkerState(), batch_frames(batch), 0, 0, 10_000, CONFIG).state
     stalled_ms = state.heartbeat.last_event_ms  # the stream got no further than this worker
-    for now_ms in (15_000, 60_000, 600_000):
+    for now_ms in (15_000, 40_000, 73_000):  # read at 10 s; timeout 3 s, stall limit 60 s
         state, lost = worker_features.liveness(state, now_ms, NO_GRACE, progress_ms=stalled_ms)
         assert lost is None and state.heartbeat.overdue_since_ms is None
+    # longer than any stall: every worker of the job died at once
+    state, lost = worker_features.liveness(state, 73_001, NO_GRACE, progress_ms=stalled_ms)
+    assert lost is not None and lost["worker_lost"] == 1.0
 
 
 def test_an_overdue_worker_is_lost_after_the_grace_unless_heard_from() -> None:
