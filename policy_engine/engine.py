@@ -138,7 +138,7 @@ class Engine:
         names = frozenset().union(*(u.policy.feature_names for u in units))
         targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
         view = self.memory.view(events, targets, names)
-        self._budget.forget_before(max(e.event_time_ms for e in events))
+        self._budget.forget_idle(max(e.event_time_ms for e in events))
         for unit in units:
             policy = unit.policy
             try:

@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 WINDOW_MS = 60_000
+# A worker with no command for this long behind the newest event the engine has seen is
+# forgotten. Far longer than the window: event clocks of workers in one batch differ (a
+# replayed backlog beside live events), and each worker's window is judged on its own
+# events, so only a worker idle this long loses its count.
+IDLE_MS = 3_600_000
 
 
 def admit(sent_ms: Sequence[int], now_ms: int, cap: int,
@@ -21,9 +26,11 @@ def admit(sent_ms: Sequence[int], now_ms: int, cap: int,
 class CommandBudget:
     """Per worker, the event times of the commands sent in the last window."""
 
-    def __init__(self, per_min: int, window_ms: int = WINDOW_MS) -> None:
+    def __init__(self, per_min: int, window_ms: int = WINDOW_MS,
+                 idle_ms: int = IDLE_MS) -> None:
         self.per_min = per_min
         self.window_ms = window_ms
+        self.idle_ms = max(idle_ms, window_ms)
         self._sent: dict[str, list[int]] = {}
 
     def admit(self, worker: str, now_ms: int) -> bool:
@@ -31,8 +38,9 @@ class CommandBudget:
         self._sent[worker] = kept
         return allowed
 
-    def forget_before(self, now_ms: int) -> None:
-        """Drop the workers that have had no command within the window before ``now_ms``."""
-        horizon = now_ms - self.window_ms
+    def forget_idle(self, newest_ms: int) -> None:
+        """Drop the workers whose last command is over ``idle_ms`` older than ``newest_ms``
+        (the newest event time seen, of any worker)."""
+        horizon = newest_ms - self.idle_ms
         self._sent = {w: times for w, times in self._sent.items()
                       if times and max(times) > horizon}
