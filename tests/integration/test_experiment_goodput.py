@@ -29,7 +29,9 @@ def test_goodput_runs_three_arms_and_only_the_dsec_arm_acts(kafka_bootstrap, tmp
     acting = out["dsec"]
     for observing in (out["plain"], out["strong"]):
         assert observing.keys() >= ARM_KEYS
-        assert observing["steps"] > 0
+        # Work was done; what survives it may be nothing in the plain arm (no checkpoint
+        # yet when the leaking worker's OOM rolls the whole group back to the start).
+        assert observing["steps_per_s"] > 0
         # The observing arms' policies only dry-ran: decisions recorded, nothing applied.
         assert observing["actions"] == {}
         assert any(name.endswith(":dry_run") for name in observing["policy_decisions"])
