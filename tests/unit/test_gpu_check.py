@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +28,6 @@ from dsec.bench.gpu_check.runner import HostGpu
 from dsec.cli import app
 
 TESTS = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    # the CPU stands in for the GPU here; two threads on a shared 2-core host spin
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
@@ -147,7 +135,7 @@ def test_one_gpu_times_nccl_alone_and_two_processes_over_gloo() -> None:
     assert figures["algorithm_gb_per_s"] == 5.0 and figures["bus_gb_per_s"] == 5.0
 
 
-def test_precision_switches_under_training_on_the_cpu(one_torch_thread: None) -> None:
+def test_precision_switches_under_training_on_the_cpu() -> None:
     outcome = autocast_switching.run("cpu", steps_per_phase=8, features=32, hidden=64,
                                      batch=64)
     assert outcome.status == "ok", outcome.reason
@@ -156,7 +144,7 @@ def test_precision_switches_under_training_on_the_cpu(one_torch_thread: None) ->
     assert [p["loss_scaling"] for p in outcome.figures["phases"]] == [False, True, False, True]
 
 
-def test_snapshot_blocking_measures_on_the_cpu(one_torch_thread: None) -> None:
+def test_snapshot_blocking_measures_on_the_cpu() -> None:
     outcome = snapshot_blocking.run("cpu", hidden=64, layers=2, batch=32, plain_steps=3,
                                     snapshots=2)
     assert outcome.status == "ok", outcome.reason
@@ -164,7 +152,7 @@ def test_snapshot_blocking_measures_on_the_cpu(one_torch_thread: None) -> None:
     assert outcome.figures["state_bytes"] > 0
 
 
-def test_probe_overhead_measures_on_the_cpu(one_torch_thread: None) -> None:
+def test_probe_overhead_measures_on_the_cpu() -> None:
     outcome = probe_check.run("cpu", block_pairs=2, steps_per_block=5, warmup_steps=5)
     assert outcome.status == "ok"
     assert outcome.figures["step_ms_off"] > 0 and outcome.figures["samples_sent"] > 0
