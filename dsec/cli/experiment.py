@@ -102,6 +102,8 @@ def goodput(
                 err_console.print(f"[red]experiment failed:[/red] {exc}")
                 raise typer.Exit(1) from None
     if len(settings) == 2:
+        if report is not None:
+            _write_placement_reports(report, runs, as_json)
         _print_placement(runs[False], runs[True], arm_list, as_json)
         return
     (runs_of_setting,) = runs.values()
@@ -133,6 +135,21 @@ def _print_goodput(runs: list[dict], name: str, workers: int, duration_s: float,
     console.print(table)
     if report is not None:
         console.print(f"report: {report}")
+
+
+def _write_placement_reports(report: Path, runs: dict[bool, list[dict]],
+                             as_json: bool) -> None:
+    """One report per setting, beside the path asked for: ``NAME-placement-off.html`` and
+    ``NAME-placement-on.html``."""
+    from dsec.experiment.report import combine_seeds, write_report
+
+    for on, setting_runs in runs.items():
+        path = report.with_name(f"{report.stem}-placement-{'on' if on else 'off'}"
+                                f"{report.suffix}")
+        result = setting_runs[0] if len(setting_runs) == 1 else combine_seeds(setting_runs)
+        write_report(path, result, setting_runs)
+        if not as_json:
+            console.print(f"report: {path}")
 
 
 def _print_placement(off: list[dict], on: list[dict], arms: tuple[str, ...],

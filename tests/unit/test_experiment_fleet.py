@@ -167,3 +167,19 @@ def test_the_cli_refuses_unknown_arms_and_placement_settings_before_starting() -
                                           "leaky-model", option, value])
         assert result.exit_code == 2
         assert said in result.output
+
+
+def test_both_placement_settings_get_a_report_each(tmp_path) -> None:
+    from dsec.cli.experiment import _write_placement_reports
+
+    def run(interruptions: int) -> dict:
+        return {"run": {"seed": 1, "scenario": "leaky-model", "workers": 2, "duration_s": 60.0},
+                "dsec": {"interruptions": interruptions, "return_curve": [1.0, None, 3.0],
+                         "deaths": [{"worker": 0, "t": 5.0, "cause": "oom"}]}}
+
+    _write_placement_reports(tmp_path / "goodput.html", {False: [run(6)], True: [run(2)]},
+                             as_json=True)
+    off = (tmp_path / "goodput-placement-off.html").read_text()
+    on = (tmp_path / "goodput-placement-on.html").read_text()
+    assert "<svg" in off and "<td>interruptions</td><td>6</td>" in off
+    assert "<td>interruptions</td><td>2</td>" in on
