@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policy_engine.rate_limit import CommandBudget, admit
+from dsec.policy_engine.rate_limit import CommandBudget, admit
 
 
 def test_admit_keeps_at_most_cap_times_in_the_window() -> None:
