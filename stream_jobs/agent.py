@@ -102,7 +102,7 @@ def register_metrics_job(
         job.save(result.overdue)
         if result.outputs:
             await asyncio.gather(*[await send(output) for output in result.outputs])
-        job.save(result.states)
+        job.save_lost(result)
         instruments.liveness_checked(result)
 
     return job.counters

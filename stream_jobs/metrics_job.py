@@ -98,6 +98,8 @@ class LivenessResult:
 
     outputs: list[Output] = field(default_factory=list)
     states: dict[str, WorkerState] = field(default_factory=dict)
+    # the states ``states`` were derived from: a batch may save newer ones meanwhile
+    read: dict[str, WorkerState] = field(default_factory=dict)
     overdue: dict[str, WorkerState] = field(default_factory=dict)
     lost_workers: int = 0
 
@@ -157,6 +159,15 @@ class MetricsJob:
         for worker, state in states.items():
             self.states[worker] = state
 
+    def save_lost(self, result: LivenessResult) -> None:
+        """Keeps the lost workers' states once their events are out, except where a batch
+        saved a newer state in the meantime (the worker spoke again: that state wins)."""
+        for worker, state in result.states.items():
+            current = self.states.get(worker)
+            read = result.read.get(worker)
+            if current is read or current == read:
+                self.states[worker] = state
+
     def check_liveness(
         self, now_ms: int, partition_end: Callable[[int], int | None],
     ) -> LivenessResult:
@@ -185,6 +196,7 @@ class MetricsJob:
             result.outputs.append(self.feature_output(state.identity, lost, event_id,
                                                       state=state))
             result.states[worker] = new_state
+            result.read[worker] = state
             self.counters.features_out += 1
             log.warning("worker %s lost: silent for %.1f s", worker, lost["heartbeat_age_s"])
         return result

@@ -186,6 +186,33 @@ def test_liveness_reports_a_silent_worker_once_and_only_when_caught_up() -> None
     assert again.outputs == [] and again.lost_workers == 1
 
 
+def test_a_state_saved_by_a_batch_while_the_lost_event_is_published_is_kept() -> None:
+    """The liveness check publishes (awaits) before it saves; a batch from the worker that
+    lands in between saved a newer state, which the check's older one must not replace."""
+    batch = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=10)
+    job = MetricsJob(TOPICS, WorkerStateTable({}), FeatureConfig(lost_grace_s=0.0))
+    now_ms = _now_ms(batch)
+    job.save(job.process(_records(batch, partition=3), now_ms).states)
+    _others_go_on(job, now_ms + 10_000)
+    lost = job.check_liveness(now_ms + 10_000, lambda partition: len(batch))
+    assert lost.lost_workers == 1 and list(lost.states) == ["worker-000"]
+    back = [b.model_copy(update={"event_id": f"worker-back-{i}"}) for i, b in enumerate(
+        grad_norm_decay(TraceIdentity(worker_id="worker-000", start_ms=now_ms + 9_000),
+                        -0.01, steps=2))]
+    newer = job.process(_records(back, partition=3, first_offset=len(batch)), now_ms + 10_000)
+    job.save(newer.states)
+    job.save_lost(lost)
+    assert job.states["worker-000"] == newer.states["worker-000"]
+    assert job.states["worker-000"].heartbeat.lost == 0
+    # Without a batch in between, the lost state is kept.
+    again = MetricsJob(TOPICS, {}, FeatureConfig(lost_grace_s=0.0))
+    again.save(again.process(_records(batch, partition=3), now_ms).states)
+    _others_go_on(again, now_ms + 10_000)
+    lost = again.check_liveness(now_ms + 10_000, lambda partition: len(batch))
+    again.save_lost(lost)
+    assert again.states["worker-000"] == lost.states["worker-000"]
+
+
 def test_liveness_declares_nobody_lost_while_nothing_arrives_then_the_silent_one() -> None:
     job = MetricsJob(TOPICS, {})
     batches = {worker: grad_norm_decay(TraceIdentity(worker_id=worker), -0.01, steps=10)
