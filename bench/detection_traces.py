@@ -111,6 +111,11 @@ class _Worker:
         self.card = card
         self.samples_nvml = samples_nvml
         self.rng = np.random.default_rng(_seed(trace.spec, "worker", index))
+        # One generator per signal: what each draws does not depend on how the trace is
+        # cut into intervals (a replay's history, the gap while it drains, then 1 s ticks),
+        # so a live replay sends the values an offline run sees.
+        self.episode_rng = np.random.default_rng(_seed(trace.spec, "episodes", index))
+        self.gpu_rng = np.random.default_rng(_seed(trace.spec, "gpu", index))
         self.faults = _Faults()
         self.step = 0
         self.episode = 0
@@ -133,7 +138,7 @@ class _Worker:
 
     def _episode_length_s(self) -> float:
         return float(self.shape.episode_s_median * math.exp(
-            self.rng.normal(0.0, self.shape.episode_s_sigma)))
+            self.episode_rng.normal(0.0, self.shape.episode_s_sigma)))
 
     def _steps(self, a_ms: int, b_ms: int, out: dict) -> None:
         rate = self.shape.steps_per_s * (0.7 if self.card.throttled(a_ms) else 1.0)
@@ -177,7 +182,7 @@ class _Worker:
 
     def _episodes(self, a_ms: int, b_ms: int, out: dict) -> None:
         if self.episode_end_ms is None:
-            self.episode_end_ms = a_ms + int(self.rng.uniform(0.0, 1.0)
+            self.episode_end_ms = a_ms + int(self.episode_rng.uniform(0.0, 1.0)
                                              * self._episode_length_s() * 1000)
         faults, shape = self.faults, self.shape
         while self.episode_end_ms < b_ms:
@@ -192,9 +197,10 @@ class _Worker:
             else:
                 names = list(shape.endings)
                 weights = np.asarray([shape.endings[n] for n in names], dtype=float)
-                reason = names[int(self.rng.choice(len(names), p=weights / weights.sum()))]
+                reason = names[int(self.episode_rng.choice(len(names),
+                                                           p=weights / weights.sum()))]
             std = shape.reward_std * (faults.jump_std_factor if jumped else 1.0)
-            reward = float(self.rng.normal(
+            reward = float(self.episode_rng.normal(
                 shape.reward_mean + self.reward_drift_per_s * (t - self.trace.origin_ms) / 1000,
                 std))
             if jumped:
@@ -246,8 +252,9 @@ class _Worker:
             gpu["gpu_model"].append("NVIDIA H100 80GB HBM3")
             gpu["memory_used_bytes"].append(card_bytes)
             gpu["memory_total_bytes"].append(80 * GIB)
-            gpu["utilisation_pct"].append(float(min(100.0, self.rng.normal(88.0, 4.0))))
-            gpu["temperature_c"].append(float(self.rng.normal(88.0 if throttled else 68.0, 1.5)))
+            gpu["utilisation_pct"].append(float(min(100.0, self.gpu_rng.normal(88.0, 4.0))))
+            gpu["temperature_c"].append(float(self.gpu_rng.normal(88.0 if throttled else 68.0,
+                                                                  1.5)))
             gpu["throttle_reasons"].append(THERMAL if throttled else 0)
             gpu["process_memory_used_bytes"].append(own + CONTEXT_BYTES)
 
