@@ -117,9 +117,9 @@ PLACEMENT_SETTINGS = {"off": (False,), "on": (True,), "both": (False, True)}
 def _print_goodput(runs: list[dict], name: str, workers: int, duration_s: float, seeds: str,
                    as_json: bool, report: Path | None) -> None:
     from dsec.experiment.arms import arms_of
-    from dsec.experiment.report import combine_seeds, write_report
+    from dsec.experiment.report import write_report
 
-    result = runs[0] if len(runs) == 1 else combine_seeds(runs)
+    result = _combined(runs)
     if report is not None:
         write_report(report, result, runs)
     if as_json:
@@ -137,17 +137,23 @@ def _print_goodput(runs: list[dict], name: str, workers: int, duration_s: float,
         console.print(f"report: {report}")
 
 
+def _combined(runs: list[dict]) -> dict:
+    """One run as it is; several seeds' runs as their means, spreads and each seed's own."""
+    from dsec.experiment.report import combine_seeds
+
+    return runs[0] if len(runs) == 1 else combine_seeds(runs)
+
+
 def _write_placement_reports(report: Path, runs: dict[bool, list[dict]],
                              as_json: bool) -> None:
     """One report per setting, beside the path asked for: ``NAME-placement-off.html`` and
     ``NAME-placement-on.html``."""
-    from dsec.experiment.report import combine_seeds, write_report
+    from dsec.experiment.report import write_report
 
     for on, setting_runs in runs.items():
         path = report.with_name(f"{report.stem}-placement-{'on' if on else 'off'}"
                                 f"{report.suffix}")
-        result = setting_runs[0] if len(setting_runs) == 1 else combine_seeds(setting_runs)
-        write_report(path, result, setting_runs)
+        write_report(path, _combined(setting_runs), setting_runs)
         if not as_json:
             console.print(f"report: {path}")
 
