@@ -3,10 +3,14 @@ policy and pool versions out. Pure apart from the two state mappings it is given
 (policy, target) ``PolicyState``s and per (target, knob) ``KnobEntry``s (Faust tables in
 the stream job, dicts offline and in tests).
 
-Conditions are evaluated for the whole batch at once (numpy), or once per pool where the
-batch's targets run in several: each pool's workers run the policy version for their pool
-(a canary, else the fleet's) with the pool's parameter overrides. The per-target state
-machine then runs only for rows whose condition holds or whose policy is not idle.
+The batch is taken to columns (``FeatureBatch``) and conditions are evaluated for the
+whole batch at once (numpy), or once per pool where the batch's targets run in several:
+each pool's workers run the policy version for their pool (a canary, else the fleet's)
+with the pool's parameter overrides. The per-target state machine then runs only for rows
+whose condition holds or whose policy is not idle, and of those only for the rows a column
+check cannot show it would leave as they are (``state_columns.settled``). The state
+mapping is written only by the engine; ``forget_cached`` makes it read again (after a
+rebalance, or a change made behind the engine's back).
 """
 
 from __future__ import annotations
@@ -20,11 +24,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
-from dsec.policy_engine.feature_memory import FeatureMemory, FeatureView, KnownFeatures
+from dsec.policy_engine.feature_batch import FeatureBatch, TargetSlots
+from dsec.policy_engine.feature_memory import (
+    FeatureMemory,
+    FeatureView,
+    KnownFeatures,
+    repeated_rows,
+)
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
 from dsec.policy_engine.registry import CompiledPolicy, PolicyRegistry
+from dsec.policy_engine.state_columns import StateBoard, Timing, settled
 from dsec.policy_engine.tuning import Tuner, tuned
 from dsec.schemas import ActuationCommand, FeatureEvent, PolicyDecision, Signer
 from dsec.schemas.actuations import ActionParams
@@ -37,6 +48,7 @@ __all__ = ["Engine", "EngineOutput", "actuation_id", "knob_key", "render_alert",
 log = logging.getLogger(__name__)
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _IDLE = PolicyState()
+_KIND_ORDER = {f"{kind}": index for index, kind in enumerate(OWNED_KINDS)}
 
 
 @dataclass
@@ -58,6 +70,7 @@ class _Unit:
     rows: np.ndarray | None  # None: every row of the batch
     prefix: str
     note: str
+    timing: Timing
 
 
 def actuation_id(*parts: object) -> str:
@@ -121,7 +134,9 @@ class Engine:
         self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
         self.states = states
         self.knobs = knobs
-        self.memory = FeatureMemory({} if known is None else known)
+        self._slots = TargetSlots()
+        self.memory = FeatureMemory({} if known is None else known, self._slots)
+        self._board = StateBoard(states, self._slots.targets)
         self._knobs = KnobBoard(knobs, registry)
         self._signer = signer
         self._tuner = Tuner(registry, self.pools, signer)
@@ -129,20 +144,30 @@ class Engine:
         self.limits = registry.limits
         self._budget = CommandBudget(self.limits.commands_per_worker_per_min)
 
+    def forget_cached(self) -> None:
+        """Read states and known features from their mappings again, target by target."""
+        self.memory.forget_cached()
+        self._board.forget_cached()
+
     def evaluate(self, events: Sequence[FeatureEvent]) -> EngineOutput:
+        return self.evaluate_batch(FeatureBatch.from_events(events))
+
+    def evaluate_batch(self, batch: FeatureBatch) -> EngineOutput:
         out = EngineOutput()
-        rows = len(events)
-        if not rows:
+        if not len(batch):
             return out
-        units = self._units(events, out)
+        units = self._units(batch.pools, out)
         names = frozenset().union(*(u.policy.feature_names for u in units))
-        targets = [f"{e.identity.job_id}|{e.identity.worker_id}" for e in events]
-        view = self.memory.view(events, targets, names)
-        self._budget.forget_idle(max(e.event_time_ms for e in events))
+        slots = self._slots.slots(batch.targets)
+        # A target's later rows see the state its earlier rows leave, so every row of a
+        # target met more than once in the batch goes through the state machine.
+        repeated = repeated_rows(slots)
+        view = self.memory.view(batch, names, slots, repeated)
+        self._budget.forget_idle(int(batch.event_times_ms.max()))
         for unit in units:
             policy = unit.policy
             try:
-                self._evaluate_policy(unit, events, targets, view, out)
+                self._evaluate_policy(unit, batch, slots, repeated, view, out)
             except Exception as exc:  # one broken policy must not stop the others
                 log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
                 self._report(policy.spec, f"{type(exc).__name__}: {exc}", out)
@@ -151,14 +176,14 @@ class Engine:
                       if c is not None and c.last_error]
             if errors:
                 self._report(policy.spec, errors[0], out)
-        self._resume_orphaned_claims(events, out)
+        self._resume_orphaned_claims(batch, out)
         return out
 
-    def _units(self, events: Sequence[FeatureEvent], out: EngineOutput) -> list[_Unit]:
-        """What runs over which rows: per policy and per pool of the batch, the version for
-        that pool with its overrides (and a dry-run canary beside it); highest priority
-        first, so that it claims a contested knob before the others look."""
-        pools = [e.target_pool() for e in events]
+    def _units(self, pools: list[str | None], out: EngineOutput) -> list[_Unit]:
+        """What runs over which rows: per policy and per pool of the batch (``pools``, each
+        row's), the version for that pool with its overrides (and a dry-run canary beside
+        it); highest priority first, so that it claims a contested knob before the others
+        look."""
         by_pool: dict[str | None, np.ndarray | None]
         if len(set(pools)) == 1:
             by_pool = {pools[0]: None}
@@ -180,7 +205,8 @@ class Engine:
                     effective = self.pools.effective(policy.spec, pool)
                     if effective.problem is not None:
                         self._report(policy.spec, effective.problem, out, pool)
-                    units.append(_Unit(policy, effective.spec, rows, prefix, effective.note))
+                    units.append(_Unit(policy, effective.spec, rows, prefix, effective.note,
+                                       Timing.of(effective.spec, self.limits.cooldown_floor_s)))
         units.sort(key=lambda u: (-u.spec.priority, u.spec.name))
         return units
 
@@ -199,15 +225,17 @@ class Engine:
         ))
 
     def _evaluate_policy(
-        self, unit: _Unit, events: Sequence[FeatureEvent], targets: list[str],
+        self, unit: _Unit, batch: FeatureBatch, slots: np.ndarray, repeated: np.ndarray,
         view: FeatureView, out: EngineOutput,
     ) -> None:
+        """``repeated``: rows whose target has other rows in the batch."""
         policy, spec = unit.policy, unit.spec
+        rows = np.arange(len(batch)) if unit.rows is None else unit.rows
         if unit.rows is not None:
             view = view.subset(unit.rows)
-            events = [events[row] for row in unit.rows]
-            targets = [targets[row] for row in unit.rows]
-        rows = len(events)
+            slots = slots[unit.rows]
+            repeated = repeated[unit.rows]
+        count = rows.size
         # A feature event carries the features its input batch updated; the others keep
         # the target's last known values. An event that carries none of this policy's
         # features says nothing new about it, and a condition that cannot be told for want
@@ -215,52 +243,61 @@ class Engine:
         # cases the policy's state (a ``for:`` timer, a stage, a hold) stays as it was.
         informed = view.informed(policy.feature_names)
         columns = view.columns(policy.feature_names, spec.max_age_s)
-        scoped = {**columns, **{k: np.full(rows, v) for k, v in spec.params.items()}}
-        enter, known = policy.enter.evaluate(scoped, rows)
+        scoped = {**columns, **{k: np.full(count, v) for k, v in spec.params.items()}}
+        enter, known = policy.enter.evaluate(scoped, count)
         informed &= known
-        exit_ = policy.exit.holds(scoped, rows) if policy.exit is not None else ~enter
-        climb = [c.holds(scoped, rows) if c is not None else None
+        # A pool's or a job's features describe no worker to command.
+        if spec.tune is None:
+            informed &= batch.worker_scope[rows]
+        board = self._board.columns(unit.prefix)
+        board.load(slots)
+        candidates = informed & (enter | board.present[slots] | repeated)
+        if not candidates.any():
+            return
+        exit_ = policy.exit.holds(scoped, count) if policy.exit is not None else ~enter
+        climb = [c.holds(scoped, count) if c is not None else None
                  for c in policy.stage_conditions]
+        first_climb = climb[0] if climb and climb[0] is not None else True
+        picked = np.flatnonzero(candidates)
+        timing = unit.timing
+        quiet = settled(timing, board.gather(slots[picked]), enter[picked],
+                        (enter & first_climb)[picked], exit_[picked],
+                        view.event_times_ms[picked], len(climb))
+        quiet &= ~repeated[picked]
         selector = spec.selector
         top = len(policy.stage_conditions)
         everyone = selector == type(selector)()
-        prefix = unit.prefix
         states = self.states
-        acts_on_workers = spec.tune is None
-        for row, event in enumerate(events):
-            if not informed[row]:
-                continue
-            # A pool's or a job's features describe no worker to command.
-            if acts_on_workers and event.scope != "worker":
-                continue
-            key = prefix + targets[row]
-            if not enter[row] and key not in states:
-                continue
+        for local in picked[~quiet].tolist():
+            event = batch.event(int(rows[local]))
             if not everyone and not selector.matches(event.identity.job_id, event.tags):
                 continue
+            key = unit.prefix + batch.targets[int(rows[local])]
             old = states.get(key, _IDLE)
             if old.stage > top:  # a new version with fewer stages
                 old = replace(old, stage=top)
-            next_stage = 0 if spec.one_shot else min(old.stage, len(climb) - 1)
+            next_stage = 0 if timing.one_shot else min(old.stage, len(climb) - 1)
             condition = climb[next_stage] if climb else None
-            climb_holds = condition[row] if condition is not None else True
-            new, kind = decide(spec, old, bool(enter[row]), event.event_time_ms,
-                               exit_holds=bool(exit_[row]), climb_holds=bool(climb_holds),
+            climb_holds = condition[local] if condition is not None else True
+            new, kind = decide(spec, old, bool(enter[local]), event.event_time_ms,
+                               exit_holds=bool(exit_[local]), climb_holds=bool(climb_holds),
                                cooldown_floor_s=self.limits.cooldown_floor_s)
             resolved = False
-            if spec.alert and spec.one_shot:
+            if timing.resolves_alerts:
                 if kind is DecisionKind.FIRED:
                     new = replace(new, alert_open=True)
-                elif old.alert_open and not enter[row]:
+                elif old.alert_open and not enter[local]:
                     new, resolved = replace(new, alert_open=False), True
             if new != old:
                 if new == _IDLE:
                     states.pop(key, None)
+                    board.put(int(slots[local]), None)
                 else:
                     states[key] = new
+                    board.put(int(slots[local]), new)
             if kind is None and not resolved:
                 continue
-            seen = view.seen(row, policy.feature_names)
+            seen = view.seen(local, policy.feature_names)
             if kind is not None:
                 self._act(unit, event, old, new, kind, seen, out)
             if resolved:
@@ -366,18 +403,28 @@ class Engine:
         return (f"the worker had {self._budget.per_min} commands in the last 60 s "
                 "(commands_per_worker_per_min)")
 
-    def _resume_orphaned_claims(self, events: Sequence[FeatureEvent], out: EngineOutput) -> None:
+    def _resume_orphaned_claims(self, batch: FeatureBatch, out: EngineOutput) -> None:
         """Claims left deferred behind one that lapsed or whose policy was deleted take
         effect at their target's next feature event (see ``KnobBoard.resume_orphaned``)."""
         if not self.knobs:
             return
+        claimed: dict[str, list[str]] = {}
+        for key in self.knobs:
+            target, kind = key.rsplit("|", 1)
+            claimed.setdefault(target, []).append(kind)
         seen: set[str] = set()
-        for event in events:
-            target = f"{event.identity.job_id}|{event.identity.worker_id}"
-            if target in seen:
+        for row, target in enumerate(batch.targets):
+            kinds = claimed.get(target)
+            if kinds is None or target in seen:
                 continue
             seen.add(target)
-            for kind in OWNED_KINDS:
+            now_ms, pool = int(batch.event_times_ms[row]), batch.pools[row]
+            orphaned = [kind for kind in sorted(kinds, key=_KIND_ORDER.get)
+                        if not self._knobs.in_force(f"{target}|{kind}", now_ms, pool)]
+            if not orphaned:
+                continue
+            event = batch.event(row)
+            for kind in orphaned:
                 resumed = self._knobs.resume_orphaned(event, kind)
                 if resumed is None:
                     continue

@@ -6,19 +6,24 @@ reported, and the event time it came with; a policy may bound the age it accepts
 (``max_age_s``), past which the value counts as missing. Missing is not false: a
 condition that cannot be told for want of a feature leaves the policy's state as it was.
 
-The memory is a mapping it is given (a Faust table in the stream job, a dict offline),
-one ``KnownFeatures`` per target, written once per target per batch.
+The memory works on columns (a row per target, a column per feature name) and keeps a
+mapping it is given up to date (a Faust table in the stream job, a dict offline): one
+``KnownFeatures`` per target, written when the target is first seen or learns a feature
+name, and otherwise at most once per ``persist_every_ms`` of its event time. A restarted
+engine therefore starts from values at most that old, each with the time it was
+reported, so a bound on age still holds. The mapping is read once per target, at first
+sight or after ``forget_cached``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, MutableMapping, Sequence
+from collections.abc import Collection, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from dsec.schemas import FeatureEvent
+from dsec.policy_engine.feature_batch import FeatureBatch, TargetSlots
 from dsec.schemas.units import ms_to_s, s_to_ms
 
 __all__ = ["FeatureMemory", "FeatureView", "KnownFeatures"]
@@ -26,6 +31,9 @@ __all__ = ["FeatureMemory", "FeatureView", "KnownFeatures"]
 # A feature not reported for this long is forgotten, so a target that stopped reporting
 # one does not carry it for ever.
 FORGET_AFTER_MS = 24 * 3_600_000
+PERSIST_EVERY_MS = 30_000
+SWEEP_EVERY_MS = 3_600_000
+_NEVER = -(1 << 62)  # no time: far below any event time, and safe to subtract from
 
 
 @dataclass(frozen=True)
@@ -85,56 +93,168 @@ class FeatureView:
                 for name in sorted(names) if self.values[name][row] == self.values[name][row]}
 
 
-class FeatureMemory:
-    def __init__(self, known: MutableMapping[str, KnownFeatures]) -> None:
-        self.known = known
+def occurrences(slots: np.ndarray, repeated: np.ndarray) -> list[np.ndarray]:
+    """The rows in groups where no target repeats: each target's first row in the first
+    group, its second in the second, and so on (rows in order within a group).
+    ``repeated``: the rows whose target has other rows."""
+    if not repeated.any():
+        return [np.arange(slots.size)]
+    seen: dict[int, int] = {}
+    groups: list[list[int]] = []
+    for row, slot in enumerate(slots.tolist()):
+        nth = seen.get(slot, 0)
+        seen[slot] = nth + 1
+        if nth == len(groups):
+            groups.append([])
+        groups[nth].append(row)
+    return [np.asarray(group, dtype=np.int64) for group in groups]
 
-    def view(self, events: Sequence[FeatureEvent], targets: Sequence[str],
-             names: Collection[str]) -> FeatureView:
-        """Merges ``events`` (in order) into the memory and gives the batch's view of
-        ``names``: each row sees its target's values as of its own event."""
-        rows = len(events)
+
+def repeated_rows(slots: np.ndarray) -> np.ndarray:
+    """Rows whose slot occurs more than once."""
+    if not slots.size:
+        return np.zeros(0, dtype=bool)
+    return np.bincount(slots)[slots] > 1
+
+
+class FeatureMemory:
+    def __init__(self, known: MutableMapping[str, KnownFeatures],
+                 slots: TargetSlots | None = None,
+                 persist_every_ms: int = PERSIST_EVERY_MS) -> None:
+        self.known = known
+        self.slots = slots if slots is not None else TargetSlots()
+        self.persist_every_ms = persist_every_ms
+        # A column per feature name, a row per target slot.
+        self._values: dict[str, np.ndarray] = {}
+        self._times: dict[str, np.ndarray] = {}
+        self._rows = 0
+        self._loaded = np.zeros(0, dtype=bool)
+        self._persisted_ms = np.zeros(0, dtype=np.int64)
+        self._persisted_count = np.zeros(0, dtype=np.int64)
+        self._swept_ms: int | None = None
+
+    def forget_cached(self) -> None:
+        """Read every target's features from the mapping again at its next event (another
+        process may have written them meanwhile)."""
+        self._loaded[:] = False
+
+    def _grow(self, rows: int, names: Iterable[str]) -> None:
+        if rows > self._rows:
+            size = max(rows, 2 * self._rows, 64)
+            extra = size - self._rows
+
+            def grown(column: np.ndarray, fill: object) -> np.ndarray:
+                return np.concatenate([column, np.full(extra, fill, dtype=column.dtype)])
+
+            self._values = {n: grown(c, np.nan) for n, c in self._values.items()}
+            self._times = {n: grown(c, 0) for n, c in self._times.items()}
+            self._loaded = grown(self._loaded, False)
+            self._persisted_ms = grown(self._persisted_ms, _NEVER)
+            self._persisted_count = grown(self._persisted_count, 0)
+            self._rows = size
+        for name in names:
+            if name not in self._values:
+                self._values[name] = np.full(self._rows, np.nan)
+                self._times[name] = np.zeros(self._rows, dtype=np.int64)
+
+    def _load(self, slots: np.ndarray) -> None:
+        """Targets not read yet: their features from the mapping."""
+        unread = slots[~self._loaded[slots]]
+        if not unread.size:
+            return
+        for slot in np.unique(unread).tolist():
+            before = self.known.get(self.slots.targets[slot])
+            for name, column in self._values.items():
+                column[slot] = np.nan
+                self._times[name][slot] = 0
+            count = 0
+            if before is not None:
+                self._grow(0, before.values)
+                for name, value in before.values.items():
+                    self._values[name][slot] = value
+                    self._times[name][slot] = before.times_ms[name]
+                count = len(before.values)
+            self._loaded[slot] = True
+            self._persisted_ms[slot] = _NEVER if before is None else max(
+                before.times_ms.values(), default=_NEVER)
+            self._persisted_count[slot] = count
+
+    def view(self, batch: FeatureBatch, names: Collection[str],
+             slots: np.ndarray | None = None,
+             repeated: np.ndarray | None = None) -> FeatureView:
+        """Merges the batch (in order) into the memory and gives its view of ``names``:
+        each row sees its target's values as of its own event. ``slots``: the batch's
+        target slots, and ``repeated`` the rows whose target has others, when the caller
+        has them."""
+        if slots is None:
+            slots = self.slots.slots(batch.targets)
+        if repeated is None:
+            repeated = repeated_rows(slots)
+        rows = len(batch)
         ordered = list(names)
-        # Row-major Python lists, one array per kind at the end: setting numpy elements one
-        # by one costs several times a list's append.
-        row_values: list[list[float]] = []
-        row_times: list[list[int]] = []
-        row_fresh: list[list[bool]] = []
-        current: dict[str, tuple[dict[str, float], dict[str, int]]] = {}
-        nan = float("nan")
-        for event, target in zip(events, targets, strict=True):
-            entry = current.get(target)
-            if entry is None:
-                before = self.known.get(target) or KnownFeatures()
-                entry = current[target] = (dict(before.values), dict(before.times_ms))
-            known_values, known_times = entry
-            when = event.event_time_ms
-            features = event.features
-            for name, value in features.items():
+        self._grow(len(self.slots), [*batch.features, *ordered])
+        self._load(slots)
+        when = batch.event_times_ms
+        values = {name: np.empty(rows) for name in ordered}
+        times_ms = {name: np.empty(rows, dtype=np.int64) for name in ordered}
+        carried = {name: column == column for name, column in batch.features.items()}
+        for group in occurrences(slots, repeated):
+            whole = group.size == rows
+            at = slots if whole else slots[group]
+            group_ms = when if whole else when[group]
+            for name, column in batch.features.items():
+                held_values, held_times = self._values[name], self._times[name]
                 # An event older than the value held (out of order) does not replace it.
-                if known_times.get(name, when) <= when:
-                    known_values[name] = value
-                    known_times[name] = when
-            row_values.append([known_values.get(name, nan) for name in ordered])
-            row_times.append([known_times.get(name, 0) for name in ordered])
-            # a feature the event carries is known, so fresh implies a value
-            row_fresh.append([name in features for name in ordered])
-        for target, (known_values, known_times) in current.items():
-            newest_ms = max(known_times.values(), default=0)
-            if all(newest_ms - when <= FORGET_AFTER_MS for when in known_times.values()):
-                self.known[target] = KnownFeatures(known_values, known_times)
-                continue
-            kept = [name for name, when in known_times.items()
-                    if newest_ms - when <= FORGET_AFTER_MS]
-            self.known[target] = KnownFeatures({name: known_values[name] for name in kept},
-                                               {name: known_times[name] for name in kept})
-        shape = (rows, len(ordered))
-        value_matrix = np.array(row_values, dtype=np.float64).reshape(shape)
-        time_matrix = np.array(row_times, dtype=np.int64).reshape(shape)
-        fresh_matrix = np.array(row_fresh, dtype=bool).reshape(shape)
-        values = {name: np.ascontiguousarray(value_matrix[:, j]) for j, name in enumerate(ordered)}
-        times_ms = {name: np.ascontiguousarray(time_matrix[:, j])
-                    for j, name in enumerate(ordered)}
-        fresh = {name: np.ascontiguousarray(fresh_matrix[:, j]) for j, name in enumerate(ordered)}
-        event_times = np.fromiter((e.event_time_ms for e in events), np.int64, rows)
-        return FeatureView(values, times_ms, fresh, event_times)
+                take = carried[name] if whole else carried[name][group]
+                take = take & (held_times[at] <= group_ms)
+                held_values[at[take]] = (column if whole else column[group])[take]
+                held_times[at[take]] = group_ms[take]
+            for name in ordered:
+                values[name][group] = self._values[name][at]
+                times_ms[name][group] = self._times[name][at]
+        fresh = {name: carried[name] if name in carried else np.zeros(rows, dtype=bool)
+                 for name in ordered}
+        self._keep(np.unique(slots) if repeated.any() else slots, int(when.max()))
+        return FeatureView(values, times_ms, fresh, when)
+
+    def _keep(self, touched: np.ndarray, newest_ms: int) -> None:
+        """Forget what targets have not reported for a day (every target swept once an
+        hour of event time), and write the touched targets that are due to the mapping."""
+        if self._swept_ms is None or newest_ms - self._swept_ms >= SWEEP_EVERY_MS:
+            self._swept_ms = newest_ms
+            self._forget_stale(np.flatnonzero(self._loaded))
+        known = {name: column[touched] == column[touched]
+                 for name, column in self._values.items()}
+        count = np.zeros(touched.size, dtype=np.int64)
+        latest_ms = np.full(touched.size, _NEVER, dtype=np.int64)
+        for name, is_known in known.items():
+            count += is_known
+            np.maximum(latest_ms, np.where(is_known, self._times[name][touched], _NEVER),
+                       out=latest_ms)
+        due = ((self._persisted_ms[touched] == _NEVER)
+               | (count != self._persisted_count[touched])
+               | (latest_ms - self._persisted_ms[touched] >= self.persist_every_ms))
+        if not due.any():
+            return
+        for index in np.flatnonzero(due).tolist():
+            slot = int(touched[index])
+            row = {name: (float(self._values[name][slot]), int(self._times[name][slot]))
+                   for name, is_known in known.items() if is_known[index]}
+            self.known[self.slots.targets[slot]] = KnownFeatures(
+                {name: value for name, (value, _) in row.items()},
+                {name: when for name, (_, when) in row.items()})
+            self._persisted_ms[slot] = latest_ms[index]
+            self._persisted_count[slot] = count[index]
+
+    def _forget_stale(self, touched: np.ndarray) -> None:
+        latest_ms = np.full(touched.size, _NEVER, dtype=np.int64)
+        for name, column in self._values.items():
+            is_known = column[touched] == column[touched]
+            np.maximum(latest_ms, np.where(is_known, self._times[name][touched], _NEVER),
+                       out=latest_ms)
+        for name, column in self._values.items():
+            times = self._times[name]
+            stale = touched[(column[touched] == column[touched])
+                            & (times[touched] < latest_ms - FORGET_AFTER_MS)]
+            column[stale] = np.nan
+            times[stale] = 0

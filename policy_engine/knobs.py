@@ -142,6 +142,16 @@ class KnobBoard:
         assert owner is not None  # only installed policies' claims are live
         return owner, entry.claims[top].action, f" (resumes {top})"
 
+    def in_force(self, key: str, now_ms: int, pool: str | None) -> bool:
+        """Whether the entry under ``key`` has nothing to hand on: no entry, or the claim in
+        effect is still live (its policy installed, not lapsed)."""
+        entry = self.knobs.get(key)
+        if entry is None:
+            return True
+        claim = entry.claims.get(entry.applied) if entry.applied is not None else None
+        return (claim is not None and now_ms < (claim.until_ms or float("inf"))
+                and self.registry.get(entry.applied, pool) is not None)
+
     def resume_orphaned(self, event: FeatureEvent, kind: str) -> tuple[PolicySpec,
                                                                        ActionParams] | None:
         """A claim deferred behind one that has since lapsed, or whose policy was deleted,

@@ -32,6 +32,7 @@ class CommandBudget:
         self.window_ms = window_ms
         self.idle_ms = max(idle_ms, window_ms)
         self._sent: dict[str, list[int]] = {}
+        self._swept_ms: int | None = None
 
     def admit(self, worker: str, now_ms: int) -> bool:
         allowed, kept = admit(self._sent.get(worker, ()), now_ms, self.per_min, self.window_ms)
@@ -40,7 +41,11 @@ class CommandBudget:
 
     def forget_idle(self, newest_ms: int) -> None:
         """Drop the workers whose last command is over ``idle_ms`` older than ``newest_ms``
-        (the newest event time seen, of any worker)."""
+        (the newest event time seen, of any worker). The sweep runs once per window of
+        event time: a worker is forgotten up to a window late, never early."""
+        if self._swept_ms is not None and newest_ms - self._swept_ms < self.window_ms:
+            return
+        self._swept_ms = newest_ms
         horizon = newest_ms - self.idle_ms
         self._sent = {w: times for w, times in self._sent.items()
                       if times and max(times) > horizon}

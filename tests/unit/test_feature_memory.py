@@ -3,6 +3,7 @@ a policy may bound the age; a missing feature never makes a condition false."""
 
 from __future__ import annotations
 
+from dsec.policy_engine.feature_batch import FeatureBatch
 from dsec.policy_engine.feature_memory import FeatureMemory, KnownFeatures
 from dsec.policy_engine.tables import feature_table
 from dsec.policy_engine.trace import replay
@@ -90,8 +91,9 @@ def test_suppressed_records_stay_few_when_features_arrive_apart() -> None:
 def test_out_of_order_events_do_not_replace_newer_values() -> None:
     memory = FeatureMemory({})
     target = "job|w1"
-    view = memory.view([_event(5, gpu_temperature_c=70.0), _event(3, gpu_temperature_c=99.0)],
-                       [target, target], {"gpu_temperature_c"})
+    batch = FeatureBatch.from_events([_event(5, gpu_temperature_c=70.0),
+                                      _event(3, gpu_temperature_c=99.0)])
+    view = memory.view(batch, {"gpu_temperature_c"})
     assert view.values["gpu_temperature_c"].tolist() == [70.0, 70.0]
     assert memory.known[target].times_ms == {"gpu_temperature_c": START_MS + 5_000}
 

@@ -228,6 +228,7 @@ def test_a_one_shot_claim_holds_while_its_command_is_valid() -> None:
     assert not during.commands
     assert during.decisions[0].decision is DecisionKind.SUPPRESSED_PRIORITY
     engine.states.clear()
+    engine.forget_cached()  # the states changed behind the engine's back
     after = engine.evaluate(trace({**HEALTHY, **STUCK}, 5,
                                   worker="w1", start_ms=1_100_000))
     assert [c.policy_name for c in after.commands] == ["low"]

@@ -1,0 +1,120 @@
+"""A batch of feature events as columns: what the engine evaluates.
+
+One row per event, in order: the row's target (``job|worker``), event time, pool and
+scope, and per feature name a float column that is NaN where the row's event did not
+carry the feature (a carried value is always finite). The event itself, with its tags and
+identity, is made only for the rows that fire or need the state machine's full rules.
+
+``from_events`` takes decoded events to columns in one pass; ``packed`` takes columns a
+producer already has (a stream job's packed output, a benchmark), with no event object
+per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dsec.schemas import FeatureEvent, WorkerIdentity
+
+__all__ = ["FeatureBatch", "TargetSlots"]
+
+
+def _target(identity: WorkerIdentity) -> str:
+    return f"{identity.job_id}|{identity.worker_id}"
+
+
+@dataclass
+class FeatureBatch:
+    targets: list[str]
+    event_times_ms: np.ndarray
+    features: dict[str, np.ndarray]
+    pools: list[str | None]
+    # Rows whose event describes one worker (not a pool or a job).
+    worker_scope: np.ndarray
+    make_event: Callable[[int], FeatureEvent] = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def event(self, row: int) -> FeatureEvent:
+        return self.make_event(row)
+
+    @classmethod
+    def from_events(cls, events: Sequence[FeatureEvent]) -> FeatureBatch:
+        rows = len(events)
+        columns: dict[str, list[float]] = {}
+        nan = float("nan")
+        for row, event in enumerate(events):
+            for name, value in event.features.items():
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = [nan] * rows
+                column[row] = value
+        return cls(
+            targets=[_target(e.identity) for e in events],
+            event_times_ms=np.fromiter((e.event_time_ms for e in events), np.int64, rows),
+            features={name: np.asarray(values, dtype=np.float64)
+                      for name, values in columns.items()},
+            pools=[e.target_pool() for e in events],
+            worker_scope=np.fromiter((e.scope == "worker" for e in events), bool, rows),
+            make_event=events.__getitem__,
+        )
+
+    @classmethod
+    def packed(cls, job_ids: Sequence[str], worker_ids: Sequence[str],
+               node_ids: Sequence[str], event_times_ms: np.ndarray,
+               features: Mapping[str, np.ndarray],
+               tags: Sequence[dict[str, str]] | None = None) -> FeatureBatch:
+        """Worker-scope rows from columns; ``features`` NaN where a row carries nothing."""
+        rows = len(worker_ids)
+        times = np.asarray(event_times_ms, dtype=np.int64)
+
+        def make_event(row: int) -> FeatureEvent:
+            return FeatureEvent(
+                identity=WorkerIdentity(job_id=job_ids[row], worker_id=worker_ids[row],
+                                        node_id=node_ids[row]),
+                event_time_ms=int(times[row]),
+                features={name: float(column[row]) for name, column in features.items()
+                          if column[row] == column[row]},
+                tags=tags[row] if tags is not None else {},
+            )
+
+        return cls(
+            targets=[f"{job}|{worker}" for job, worker in zip(job_ids, worker_ids, strict=True)],
+            event_times_ms=times,
+            features={name: np.asarray(column, dtype=np.float64)
+                      for name, column in features.items()},
+            pools=[(t or {}).get("pool") or None for t in tags] if tags is not None
+            else [None] * rows,
+            worker_scope=np.ones(rows, dtype=bool),
+            make_event=make_event,
+        )
+
+
+class TargetSlots:
+    """A row number per target, for the engine's column state: slots are given in order of
+    first sight and never reused."""
+
+    def __init__(self) -> None:
+        self._slot_of: dict[str, int] = {}
+        self.targets: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def slots(self, targets: Sequence[str]) -> np.ndarray:
+        slot_of = self._slot_of
+        found = [slot_of.get(target, -1) for target in targets]
+        if -1 in found:
+            for row, slot in enumerate(found):
+                if slot == -1:
+                    target = targets[row]
+                    slot = slot_of.get(target)
+                    if slot is None:
+                        slot = slot_of[target] = len(self.targets)
+                        self.targets.append(target)
+                    found[row] = slot
+        return np.asarray(found, dtype=np.int64)
