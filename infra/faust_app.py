@@ -11,7 +11,7 @@ import asyncio
 import importlib.metadata
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import faust
@@ -32,7 +32,7 @@ from dsec.schemas.settings import DsecSettings
 __all__ = [
     "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
     "QuietWorker", "StreamT", "Table", "TopicT", "check_faust_internals", "committed_offsets",
-    "fetch_topic_metadata", "make_faust_app", "publish", "record_of",
+    "fetch_topic_metadata", "make_faust_app", "on_partitions_assigned", "publish", "record_of",
     "seek_to_committed_or_reset", "watch_faust_app",
 ]
 
@@ -241,6 +241,16 @@ async def publish(app: App, topic: str, key: bytes, value: bytes) -> asyncio.Fut
     send a request for the one or two messages queued so far."""
     return await app.producer.send(topic, key, value, partition=None, timestamp=None,
                                    headers=None)
+
+
+def on_partitions_assigned(app: App, callback: Callable[[], None]) -> None:
+    """Calls ``callback`` each time a rebalance hands this process its partitions: tables
+    may then hold what another process wrote for them, so what was cached from the tables
+    must be read again."""
+    async def assigned(_sender: Any, _assigned: Any, **_signal: Any) -> None:
+        callback()
+
+    app.on_partitions_assigned.connect(assigned)
 
 
 async def fetch_topic_metadata(app: App, topic: str) -> None:

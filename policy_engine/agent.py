@@ -7,7 +7,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dsec.infra.faust_app import App, StreamT, Table, fetch_topic_metadata, publish, record_of
+from dsec.infra.faust_app import (
+    App,
+    StreamT,
+    Table,
+    fetch_topic_metadata,
+    on_partitions_assigned,
+    publish,
+    record_of,
+)
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.instruments import EngineInstruments
@@ -60,6 +68,8 @@ def register_policy_engine(
     agent = PolicyAgent(topics, registry, state_table(tables[0]), knob_table(tables[1]),
                         signer, policies_from_offset, pools, pools_from_offset,
                         known=feature_table(tables[2]))
+    # The engine caches its tables in columns: after a rebalance, read them again.
+    on_partitions_assigned(app, agent.engine.forget_cached)
 
     async def send_durably(output: Output) -> None:
         await (await publish(app, output.topic, output.key, output.value()))
