@@ -130,10 +130,15 @@ def measure_stream_job(workers: int, warm_up_s: int = 2) -> dict:
 
 
 def measure_engine(targets: int) -> dict:
-    """One whole engine step over ``targets`` targets, 1 % of them tripping."""
+    """One whole engine step over ``targets`` targets, 1 % of them tripping: from a packed
+    batch, and (in a fresh engine) from decoded feature events."""
     from dsec.bench.policy_eval import engine_step_ms
 
     step_ms = engine_step_ms(targets)
     gc.collect()
+    from_events_ms = engine_step_ms(targets, packed=False)
+    gc.collect()
     return {"targets": targets, "step_ms": step_ms,
-            "per_target_us": step_ms * 1000 / targets, **_rss_bytes()}
+            "per_target_us": step_ms * 1000 / targets,
+            "step_from_events_ms": from_events_ms,
+            "per_target_from_events_us": from_events_ms * 1000 / targets, **_rss_bytes()}
