@@ -15,15 +15,19 @@ rebalance, or a change made behind the engine's back).
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from dsec.policy_engine.decide import PolicyState, cooldown_s, decide
+from dsec.policy_engine.decision_records import (
+    actuation_id,
+    decision_record,
+    render_alert,
+    values_seen,
+)
 from dsec.policy_engine.feature_batch import FeatureBatch, TargetSlots
 from dsec.policy_engine.feature_memory import (
     FeatureMemory,
@@ -46,7 +50,6 @@ from dsec.schemas.units import s_to_ms
 __all__ = ["Engine", "EngineOutput", "actuation_id", "knob_key", "render_alert", "tuned"]
 
 log = logging.getLogger(__name__)
-_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _IDLE = PolicyState()
 _KIND_ORDER = {f"{kind}": index for index, kind in enumerate(OWNED_KINDS)}
 
@@ -71,52 +74,6 @@ class _Unit:
     prefix: str
     note: str
     timing: Timing
-
-
-def actuation_id(*parts: object) -> str:
-    """Derived from what caused the command, so a replayed event yields the same id and
-    the actuator, idempotent by id, applies it once."""
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def render_alert(template: str, spec: PolicySpec, event: FeatureEvent,
-                 features: dict[str, float] | None = None) -> str:
-    """Substitutes ``{name}`` from identity, tags, the features the condition saw
-    (``features``, else the event's) and parameters; nothing else is run."""
-    seen = event.features if features is None else features
-    values = {
-        **{k: _number(v) for k, v in spec.params.items()},
-        **{k: _number(v) for k, v in seen.items()},
-        **event.tags,
-        "job_id": event.identity.job_id,
-        "worker_id": event.identity.worker_id,
-        "node_id": event.identity.node_id,
-        "gpu_uuid": event.gpu_uuid or "unknown",
-    }
-    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "unknown"), template)
-
-
-def _values(seen: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """The values of ``seen`` (value and age in seconds, by name), without their ages."""
-    return {name: value for name, (value, _age_s) in seen.items()}
-
-
-def _decision(spec: PolicySpec, event: FeatureEvent, kind: DecisionKind, stage: int,
-              detail: str, actuation: str | None = None,
-              features: dict[str, float] | None = None) -> PolicyDecision:
-    """The audit record of a decision on ``event``'s target, naming its alert (rendered
-    with ``features``, the values the condition saw) and GPU."""
-    return PolicyDecision(
-        event_time_ms=event.event_time_ms, policy_name=spec.name,
-        policy_version=spec.version, identity=event.identity, decision=kind,
-        stage=stage, actuation_id=actuation, detail=detail[:2048],
-        alert=render_alert(spec.alert, spec, event, features)[:256] if spec.alert else None,
-        gpu_uuid=event.gpu_uuid, gpu_model=event.tags.get("gpu_model", ""),
-    )
 
 
 class Engine:
@@ -301,9 +258,9 @@ class Engine:
             if kind is not None:
                 self._act(unit, event, old, new, kind, seen, out)
             if resolved:
-                values = _values(seen)
+                values = values_seen(seen)
                 alert = render_alert(spec.alert or "", spec, event, values)
-                out.decisions.append(_decision(spec, event, DecisionKind.RESOLVED, 0,
+                out.decisions.append(decision_record(spec, event, DecisionKind.RESOLVED, 0,
                                                f"alert {alert}; the condition no longer holds",
                                                features=values))
 
@@ -318,13 +275,13 @@ class Engine:
             f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
             for name, (value, age_s) in seen.items()
         )
-        values = _values(seen)
+        values = values_seen(seen)
         if spec.alert:
             detail = f"alert {render_alert(spec.alert, spec, event, values)}; {detail}"
 
         def audit(decision: DecisionKind, stage: int, text: str,
                   actuation: str | None = None) -> None:
-            out.decisions.append(_decision(spec, event, decision, stage, text, actuation,
+            out.decisions.append(decision_record(spec, event, decision, stage, text, actuation,
                                            values))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
