@@ -9,8 +9,10 @@ condition that cannot be told for want of a feature leaves the policy's state as
 The memory works on columns (a row per target, a column per feature name) and keeps a
 mapping it is given up to date (a Faust table in the stream job, a dict offline): one
 ``KnownFeatures`` per target, written when the target is first seen or learns a feature
-name, and otherwise at most once per ``persist_every_ms`` of its event time. A restarted
-engine therefore starts from values at most that old, each with the time it was
+name, and otherwise once per ``persist_every_ms`` of its event time, shortened by up to
+half by the target's slot (targets first seen together are then written in different
+batches, not all in one). A restarted engine therefore starts from values at most
+``persist_every_ms`` old, each with the time it was
 reported, so a bound on age still holds. The mapping is read once per target, at first
 sight or after ``forget_cached``.
 """
@@ -231,20 +233,34 @@ class FeatureMemory:
             count += is_known
             np.maximum(latest_ms, np.where(is_known, self._times[name][touched], _NEVER),
                        out=latest_ms)
+        # Each slot's interval is shortened by up to half, by its number, so that targets
+        # first seen together are not all written in the same batch ever after.
+        interval_ms = self.persist_every_ms - (touched % 16) * (self.persist_every_ms // 32)
         due = ((self._persisted_ms[touched] == _NEVER)
                | (count != self._persisted_count[touched])
-               | (latest_ms - self._persisted_ms[touched] >= self.persist_every_ms))
+               | (latest_ms - self._persisted_ms[touched] >= interval_ms))
         if not due.any():
             return
-        for index in np.flatnonzero(due).tolist():
-            slot = int(touched[index])
-            row = {name: (float(self._values[name][slot]), int(self._times[name][slot]))
-                   for name, is_known in known.items() if is_known[index]}
-            self.known[self.slots.targets[slot]] = KnownFeatures(
-                {name: value for name, (value, _) in row.items()},
-                {name: when for name, (_, when) in row.items()})
-            self._persisted_ms[slot] = latest_ms[index]
-            self._persisted_count[slot] = count[index]
+        indices = np.flatnonzero(due)
+        slots = touched[indices]
+        targets = self.slots.targets
+        names = [name for name, is_known in known.items() if is_known[indices].any()]
+        pattern = np.column_stack([known[name][indices] for name in names])
+        if pattern.all():  # the usual case: every due target knows the same names
+            values = np.column_stack([self._values[name][slots] for name in names]).tolist()
+            times = np.column_stack([self._times[name][slots] for name in names]).tolist()
+            for slot, row_values, row_times in zip(slots.tolist(), values, times, strict=True):
+                self.known[targets[slot]] = KnownFeatures(dict(zip(names, row_values, strict=True)),
+                                                          dict(zip(names, row_times, strict=True)))
+        else:
+            rows = pattern.tolist()
+            for i, slot in enumerate(slots.tolist()):
+                held = [name for name, is_known in zip(names, rows[i], strict=True) if is_known]
+                self.known[targets[slot]] = KnownFeatures(
+                    {name: float(self._values[name][slot]) for name in held},
+                    {name: int(self._times[name][slot]) for name in held})
+        self._persisted_ms[slots] = latest_ms[indices]
+        self._persisted_count[slots] = count[indices]
 
     def _forget_stale(self, touched: np.ndarray) -> None:
         latest_ms = np.full(touched.size, _NEVER, dtype=np.int64)
