@@ -245,8 +245,11 @@ class FeatureMemory:
         slots = touched[indices]
         targets = self.slots.targets
         names = [name for name, is_known in known.items() if is_known[indices].any()]
-        pattern = np.column_stack([known[name][indices] for name in names])
-        if pattern.all():  # the usual case: every due target knows the same names
+        if not names:
+            for slot in slots.tolist():
+                self.known[targets[slot]] = KnownFeatures()
+        elif (pattern := np.column_stack([known[name][indices] for name in names])).all():
+            # The usual case: every due target knows the same names.
             values = np.column_stack([self._values[name][slots] for name in names]).tolist()
             times = np.column_stack([self._times[name][slots] for name in names]).tolist()
             for slot, row_values, row_times in zip(slots.tolist(), values, times, strict=True):

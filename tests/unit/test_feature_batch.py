@@ -102,3 +102,14 @@ def test_known_features_are_written_at_first_sight_on_a_new_name_and_then_every_
     view = again.view(FeatureBatch.from_events([FeatureEvent(
         identity=_identity(0), event_time_ms=51_000, features={"c": 1.0})]), ["a", "b"])
     assert view.values["a"].tolist() == [5.0] and view.times_ms["b"].tolist() == [20_000]
+
+
+def test_an_event_with_no_features_is_remembered_as_knowing_nothing() -> None:
+    known: dict[str, KnownFeatures] = {}
+    memory = FeatureMemory(known)
+    view = memory.view(FeatureBatch.from_events([FeatureEvent(
+        identity=_identity(0), event_time_ms=1_000, features={})]), ["a"])
+    assert np.isnan(view.values["a"][0]) and not view.fresh["a"][0]
+    assert known["job|w0"] == KnownFeatures()
+    assert not _engine().evaluate([FeatureEvent(identity=_identity(0), event_time_ms=1_000,
+                                                features={})]).commands
