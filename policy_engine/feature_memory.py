@@ -19,8 +19,8 @@ sight or after ``forget_cached``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,20 +38,49 @@ SWEEP_EVERY_MS = 3_600_000
 _NEVER = -(1 << 62)  # no time: far below any event time, and safe to subtract from
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class KnownFeatures:
-    """One target's last value of each feature and the event time (epoch ms) it came with."""
+    """One target's last value of each feature and the event time (epoch ms) it came with,
+    as three parallel sequences: what a row of the memory's columns gives, with no dict per
+    target. ``of`` makes one from mappings; ``values`` and ``times_ms`` read it as mappings."""
 
-    values: dict[str, float] = field(default_factory=dict)
-    times_ms: dict[str, int] = field(default_factory=dict)
+    names: Sequence[str] = ()
+    value_list: Sequence[float] = ()
+    time_list_ms: Sequence[int] = ()
+
+    @classmethod
+    def of(cls, values: Mapping[str, float], times_ms: Mapping[str, int]) -> KnownFeatures:
+        names = tuple(values)
+        return cls(names, [values[name] for name in names], [times_ms[name] for name in names])
+
+    @property
+    def values(self) -> dict[str, float]:
+        return dict(zip(self.names, self.value_list, strict=True))
+
+    @property
+    def times_ms(self) -> dict[str, int]:
+        return dict(zip(self.names, self.time_list_ms, strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KnownFeatures):
+            return NotImplemented
+        return self.values == other.values and self.times_ms == other.times_ms
 
     def to_json(self) -> dict[str, Any]:
-        return {name: [value, self.times_ms[name]] for name, value in self.values.items()}
+        return {"names": list(self.names), "values": list(self.value_list),
+                "times_ms": list(self.time_list_ms)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KnownFeatures:
-        return cls(values={name: float(pair[0]) for name, pair in data.items()},
-                   times_ms={name: int(pair[1]) for name, pair in data.items()})
+        if set(data) == _JSON_KEYS and all(isinstance(data[key], list) for key in _JSON_KEYS):
+            return cls(tuple(data["names"]), [float(value) for value in data["values"]],
+                       [int(time_ms) for time_ms in data["times_ms"]])
+        # The earlier form, still in tables written before: {name: [value, time_ms]}.
+        return cls.of({name: float(pair[0]) for name, pair in data.items()},
+                      {name: int(pair[1]) for name, pair in data.items()})
+
+
+_JSON_KEYS = frozenset({"names", "values", "times_ms"})
 
 
 @dataclass
@@ -171,14 +200,15 @@ class FeatureMemory:
                 self._times[name][slot] = 0
             count = 0
             if before is not None:
-                self._grow(0, before.values)
-                for name, value in before.values.items():
+                self._grow(0, before.names)
+                for name, value, time_ms in zip(before.names, before.value_list,
+                                                before.time_list_ms, strict=True):
                     self._values[name][slot] = value
-                    self._times[name][slot] = before.times_ms[name]
-                count = len(before.values)
+                    self._times[name][slot] = time_ms
+                count = len(before.names)
             self._loaded[slot] = True
             self._persisted_ms[slot] = _NEVER if before is None else max(
-                before.times_ms.values(), default=_NEVER)
+                before.time_list_ms, default=_NEVER)
             self._persisted_count[slot] = count
 
     def view(self, batch: FeatureBatch, names: Collection[str],
@@ -250,18 +280,19 @@ class FeatureMemory:
                 self.known[targets[slot]] = KnownFeatures()
         elif (pattern := np.column_stack([known[name][indices] for name in names])).all():
             # The usual case: every due target knows the same names.
+            shared = tuple(names)
             values = np.column_stack([self._values[name][slots] for name in names]).tolist()
             times = np.column_stack([self._times[name][slots] for name in names]).tolist()
             for slot, row_values, row_times in zip(slots.tolist(), values, times, strict=True):
-                self.known[targets[slot]] = KnownFeatures(dict(zip(names, row_values, strict=True)),
-                                                          dict(zip(names, row_times, strict=True)))
+                self.known[targets[slot]] = KnownFeatures(shared, row_values, row_times)
         else:
             rows = pattern.tolist()
             for i, slot in enumerate(slots.tolist()):
-                held = [name for name, is_known in zip(names, rows[i], strict=True) if is_known]
+                held = tuple(name for name, is_known in zip(names, rows[i], strict=True)
+                             if is_known)
                 self.known[targets[slot]] = KnownFeatures(
-                    {name: float(self._values[name][slot]) for name in held},
-                    {name: int(self._times[name][slot]) for name in held})
+                    held, [float(self._values[name][slot]) for name in held],
+                    [int(self._times[name][slot]) for name in held])
         self._persisted_ms[slots] = latest_ms[indices]
         self._persisted_count[slots] = count[indices]
 

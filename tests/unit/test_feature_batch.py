@@ -88,11 +88,11 @@ def test_known_features_are_written_at_first_sight_on_a_new_name_and_then_every_
         memory.view(FeatureBatch.from_events([event]), features)
 
     at(0, a=1.0)
-    assert known["job|w0"] == KnownFeatures({"a": 1.0}, {"a": 0})
+    assert known["job|w0"] == KnownFeatures.of({"a": 1.0}, {"a": 0})
     at(10, a=2.0)
     assert known["job|w0"].values == {"a": 1.0}  # within the interval: not written
     at(20, b=3.0)  # a new name is written at once, with the value held
-    assert known["job|w0"] == KnownFeatures({"a": 2.0, "b": 3.0}, {"a": 10_000, "b": 20_000})
+    assert known["job|w0"] == KnownFeatures.of({"a": 2.0, "b": 3.0}, {"a": 10_000, "b": 20_000})
     at(49, a=4.0)
     assert known["job|w0"].values["a"] == 2.0
     at(50, a=5.0)
