@@ -133,7 +133,7 @@ class Engine:
                       if c is not None and c.last_error]
             if errors:
                 self._report(policy.spec, errors[0], out)
-        self._resume_orphaned_claims(batch, out)
+        self._resume_orphaned_claims(batch, slots, out)
         return out
 
     def _units(self, pools: list[str | None], out: EngineOutput) -> list[_Unit]:
@@ -360,21 +360,23 @@ class Engine:
         return (f"the worker had {self._budget.per_min} commands in the last 60 s "
                 "(commands_per_worker_per_min)")
 
-    def _resume_orphaned_claims(self, batch: FeatureBatch, out: EngineOutput) -> None:
+    def _resume_orphaned_claims(self, batch: FeatureBatch, slots: np.ndarray,
+                                out: EngineOutput) -> None:
         """Claims left deferred behind one that lapsed or whose policy was deleted take
-        effect at their target's next feature event (see ``KnobBoard.resume_orphaned``)."""
+        effect at their target's next feature event (see ``KnobBoard.resume_orphaned``).
+        ``slots``: the batch's target slots."""
         if not self.knobs:
             return
         claimed: dict[str, list[str]] = {}
         for key in self.knobs:
             target, kind = key.rsplit("|", 1)
             claimed.setdefault(target, []).append(kind)
-        seen: set[str] = set()
-        for row, target in enumerate(batch.targets):
-            kinds = claimed.get(target)
-            if kinds is None or target in seen:
-                continue
-            seen.add(target)
+        # The first row of each claimed target in the batch, in row order.
+        _, first = np.unique(slots, return_index=True)
+        rows = np.sort(first[np.isin(slots[first], self._slots.existing(claimed))])
+        for row in rows.tolist():
+            target = batch.targets[row]
+            kinds = claimed[target]
             now_ms, pool = int(batch.event_times_ms[row]), batch.pools[row]
             orphaned = [kind for kind in sorted(kinds, key=_KIND_ORDER.get)
                         if not self._knobs.in_force(f"{target}|{kind}", now_ms, pool)]

@@ -12,7 +12,7 @@ per row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +104,12 @@ class TargetSlots:
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    def existing(self, targets: Iterable[str]) -> np.ndarray:
+        """The slots of those of ``targets`` that have one (none is added)."""
+        slot_of = self._slot_of
+        return np.fromiter((slot_of[target] for target in targets if target in slot_of),
+                           dtype=np.int64)
 
     def slots(self, targets: Sequence[str]) -> np.ndarray:
         slot_of = self._slot_of

@@ -45,8 +45,8 @@ class KnownFeatures:
     target. ``of`` makes one from mappings; ``values`` and ``times_ms`` read it as mappings."""
 
     names: Sequence[str] = ()
-    value_list: Sequence[float] = ()
-    time_list_ms: Sequence[int] = ()
+    value_list: Sequence[float] | np.ndarray = ()
+    time_list_ms: Sequence[int] | np.ndarray = ()
 
     @classmethod
     def of(cls, values: Mapping[str, float], times_ms: Mapping[str, int]) -> KnownFeatures:
@@ -55,11 +55,11 @@ class KnownFeatures:
 
     @property
     def values(self) -> dict[str, float]:
-        return dict(zip(self.names, self.value_list, strict=True))
+        return dict(zip(self.names, _plain(self.value_list), strict=True))
 
     @property
     def times_ms(self) -> dict[str, int]:
-        return dict(zip(self.names, self.time_list_ms, strict=True))
+        return dict(zip(self.names, _plain(self.time_list_ms), strict=True))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KnownFeatures):
@@ -67,8 +67,8 @@ class KnownFeatures:
         return self.values == other.values and self.times_ms == other.times_ms
 
     def to_json(self) -> dict[str, Any]:
-        return {"names": list(self.names), "values": list(self.value_list),
-                "times_ms": list(self.time_list_ms)}
+        return {"names": list(self.names), "values": _plain(self.value_list),
+                "times_ms": _plain(self.time_list_ms)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KnownFeatures:
@@ -81,6 +81,10 @@ class KnownFeatures:
 
 
 _JSON_KEYS = frozenset({"names", "values", "times_ms"})
+
+
+def _plain(numbers: Sequence[float] | Sequence[int] | np.ndarray) -> list:
+    return numbers.tolist() if isinstance(numbers, np.ndarray) else list(numbers)
 
 
 @dataclass
@@ -208,7 +212,7 @@ class FeatureMemory:
                 count = len(before.names)
             self._loaded[slot] = True
             self._persisted_ms[slot] = _NEVER if before is None else max(
-                before.time_list_ms, default=_NEVER)
+                _plain(before.time_list_ms), default=_NEVER)
             self._persisted_count[slot] = count
 
     def view(self, batch: FeatureBatch, names: Collection[str],
@@ -280,9 +284,10 @@ class FeatureMemory:
                 self.known[targets[slot]] = KnownFeatures()
         elif (pattern := np.column_stack([known[name][indices] for name in names])).all():
             # The usual case: every due target knows the same names.
+            # Each record holds its rows of two matrices: no number is made a Python object.
             shared = tuple(names)
-            values = np.column_stack([self._values[name][slots] for name in names]).tolist()
-            times = np.column_stack([self._times[name][slots] for name in names]).tolist()
+            values = np.column_stack([self._values[name][slots] for name in names])
+            times = np.column_stack([self._times[name][slots] for name in names])
             for slot, row_values, row_times in zip(slots.tolist(), values, times, strict=True):
                 self.known[targets[slot]] = KnownFeatures(shared, row_values, row_times)
         else:
