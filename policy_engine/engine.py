@@ -372,9 +372,9 @@ class Engine:
             target, kind = key.rsplit("|", 1)
             claimed.setdefault(target, []).append(kind)
         # The first row of each claimed target in the batch, in row order.
-        _, first = np.unique(slots, return_index=True)
-        rows = np.sort(first[np.isin(slots[first], self._slots.existing(claimed))])
-        for row in rows.tolist():
+        rows = np.flatnonzero(np.isin(slots, self._slots.existing(claimed)))
+        _, first = np.unique(slots[rows], return_index=True)
+        for row in np.sort(rows[first]).tolist():
             target = batch.targets[row]
             kinds = claimed[target]
             now_ms, pool = int(batch.event_times_ms[row]), batch.pools[row]

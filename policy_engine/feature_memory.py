@@ -73,6 +73,8 @@ class KnownFeatures:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KnownFeatures:
         if set(data) == _JSON_KEYS and all(isinstance(data[key], list) for key in _JSON_KEYS):
+            if not len(data["names"]) == len(data["values"]) == len(data["times_ms"]):
+                raise ValueError("known features: names, values and times_ms differ in length")
             return cls(tuple(data["names"]), [float(value) for value in data["values"]],
                        [int(time_ms) for time_ms in data["times_ms"]])
         # The earlier form, still in tables written before: {name: [value, time_ms]}.

@@ -106,12 +106,12 @@ def test_known_features_round_trip_through_table_bytes() -> None:
     assert feature_table(table)["job|w1"] == known["job|w1"]
 
 
-
 def test_known_features_written_in_the_earlier_form_still_read() -> None:
     table = {b"w1": b'{"job|w1": {"a": [1.5, 10], "b": [2.0, 12]}}'}
     assert feature_table(table)["job|w1"] == KnownFeatures.of({"a": 1.5, "b": 2.0},
                                                               {"a": 10, "b": 12})
     assert KnownFeatures.from_json(KnownFeatures().to_json()) == KnownFeatures()
+
 
 def test_a_restarted_engine_keeps_what_it_knew() -> None:
     # The memory outlives the engine (a table): the GPU value seen before the restart
