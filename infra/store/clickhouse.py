@@ -165,7 +165,7 @@ def _add_missing_raw_columns(client: Client) -> None:
         for name, dtype in fields.items():
             if name != "event_time_ms" and (table, name) not in existing:
                 client.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
-                               f"{_clickhouse_type(dtype)}")
+                               f"{_clickhouse_type(name, dtype)}")
 
 
 def ensure_schema(client: Client, ttl_days: int = 30) -> None:

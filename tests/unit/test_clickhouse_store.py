@@ -131,6 +131,20 @@ def test_results_keep_requested_and_in_force_apart_and_older_stores_gain_them(cl
         ("a1", "applied", "bf16", "fp16"), ("a2", "unsupported", "4", None)]
 
 
+def test_a_raw_table_made_before_a_field_was_added_gains_its_column(client) -> None:
+    ensure_schema(client)
+    added = ("loss", "loss_nonfinite", "grad_norm_source")  # a float, a flag, a label
+    for column in added:  # a store made before the step sample carried them
+        client.command(f"ALTER TABLE raw_step DROP COLUMN {column}")
+    ensure_schema(client)
+    types = dict(client.query(
+        "SELECT name, type FROM system.columns WHERE database = currentDatabase() "
+        f"AND table = 'raw_step' AND name IN {added}").result_rows)
+    assert types == {"loss": "Nullable(Float64)", "loss_nonfinite": "Bool",
+                     "grad_norm_source": "LowCardinality(String)"}
+    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(0,)]
+
+
 def test_a_store_is_locked_while_its_status_file_is_held(tmp_path) -> None:
     status = tmp_path / "status"
     assert not store_locked(status)  # no status file: no engine has it open
