@@ -4,21 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import datetime
 
 import orjson
 
 from dsec.infra.store.raw_columns import raw_table_name
 from dsec.schemas.frames import FIELD_DTYPES
-from dsec.schemas.units import epoch_ms
+from dsec.schemas.metrics import SAMPLE_MODELS
 
 Query = Callable[[str, dict], dict]  # (sql, parameters) -> {"columns": [...], "rows": [...]}
 
 
-def _epoch_ms(value: object) -> int:
-    if isinstance(value, datetime):
-        return epoch_ms(value)
-    return epoch_ms(datetime.fromisoformat(str(value)))
+def _unset_labels(kind: str) -> frozenset[str]:
+    """Optional labels of a sample kind: a store keeps one never set as '', the wire as null."""
+    fields = SAMPLE_MODELS[kind].model_fields
+    return frozenset(name for name, dtype in FIELD_DTYPES[kind].items()
+                     if dtype is object and fields[name].default is None)
 
 
 def export_batches(query: Query, since_ms: int, job_id: str | None = None) -> Iterator[bytes]:
@@ -26,6 +26,7 @@ def export_batches(query: Query, since_ms: int, job_id: str | None = None) -> It
     batches: dict[str, dict] = {}
     for kind, fields in FIELD_DTYPES.items():
         names = [name for name in fields if name != "event_time_ms"]
+        unset = _unset_labels(kind)
         sql = (
             f"SELECT batch_id, job_id, node_id, worker_id, toUnixTimestamp64Milli(event_time) "
             f"AS t, {', '.join(names)} FROM {raw_table_name(kind)} "
@@ -46,6 +47,6 @@ def export_batches(query: Query, since_ms: int, job_id: str | None = None) -> It
                 kind, {"event_time_ms": [], **{name: [] for name in names}})
             columns["event_time_ms"].append(int(event_ms))
             for name, value in zip(names, values, strict=True):
-                columns[name].append(value)
+                columns[name].append(None if value == "" and name in unset else value)
     for batch in sorted(batches.values(), key=lambda b: (b["event_time_ms"], b["event_id"])):
         yield orjson.dumps(batch)

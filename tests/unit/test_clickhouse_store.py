@@ -174,3 +174,34 @@ def test_connect_waits_for_the_process_holding_the_store_to_let_go(tmp_path) -> 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_exported_batches_are_batches_that_replay_reads(client) -> None:
+    import threading
+
+    from dsec.infra.store.export import export_batches
+    from dsec.infra.store.query_server import run_readonly
+
+    ensure_schema(client)
+    batch = MetricBatch(identity=IDENTITY, samples=[
+        StepSample(event_time_ms=1_800_000_000_000, step=7, loss=0.5, grad_norm=2.0),
+        StepSample(event_time_ms=1_800_000_000_001, step=8, grad_norm_source="trainer"),
+        EpisodeSample(event_time_ms=1_800_000_000_002, episode_index=3, reward=21.0, length=21,
+                      termination_reason="pole_fell"),
+        HeartbeatSample(event_time_ms=1_800_000_000_003, interval_s=5.0, samples_dropped=4),
+    ])
+    builder = RawColumnsBuilder()
+    builder.add(batch, batch_frames(batch))
+    for table, arrow_table in builder.tables().items():
+        client.insert_arrow(table, arrow_table)
+    lock = threading.Lock()
+    lines = list(export_batches(lambda sql, params: run_readonly(client, lock, sql, params),
+                                since_ms=0))
+    assert len(lines) == 1
+    exported = MetricBatch.model_validate_json(lines[0])  # a label never set is not ''
+    frames, original = batch_frames(exported), batch_frames(batch)
+    assert frames.keys() == original.keys()
+    for kind, fields in original.items():
+        for name, values in fields.items():
+            assert [None if v != v else v for v in frames[kind][name].tolist()] == [
+                None if v != v else v for v in values.tolist()], (kind, name)
