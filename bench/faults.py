@@ -94,7 +94,7 @@ class _Pipeline:
         """(batches stored, batches turned into features) of the load's job."""
         try:
             rows = query(self.sink_settings, f"""
-                SELECT (SELECT uniqExact(batch_id) FROM {raw_table_name('heartbeat')}
+                SELECT (SELECT uniqExact(worker_id, event_time) FROM {raw_table_name('heartbeat')}
                         WHERE job_id = {{job:String}}),
                        (SELECT uniqExact(event_id) FROM features
                         WHERE job_id = {{job:String}} AND feature = '{PROGRESS_FEATURE}')""",
@@ -108,15 +108,18 @@ class _Pipeline:
         return stored >= batches and featured >= batches
 
     def stored_samples(self) -> tuple[set[str], int, int]:
-        """(batch ids stored, distinct samples stored, samples stored more than once)."""
+        """(batches stored, as ``batch_key`` names them; distinct samples stored; samples
+        stored more than once). A sample is its worker, its time and its place in its
+        message."""
         job = {"job": self.settings.job_id}
         ids = {row[0] for row in query(self.sink_settings, f"""
-            SELECT DISTINCT batch_id FROM {raw_table_name('heartbeat')}
+            SELECT DISTINCT concat(worker_id, '@', toString(toUnixTimestamp64Milli(event_time)))
+            FROM {raw_table_name('heartbeat')}
             WHERE job_id = {{job:String}}""", job)["rows"]}
         distinct = doubled = 0
         for kind in SAMPLE_KINDS:
             rows = query(self.sink_settings, f"""
-                SELECT count(), uniqExact(batch_id, seq) FROM {raw_table_name(kind)}
+                SELECT count(), uniqExact(worker_id, event_time, seq) FROM {raw_table_name(kind)}
                 WHERE job_id = {{job:String}}""", job)["rows"]
             distinct += int(rows[0][1])
             doubled += int(rows[0][0]) - int(rows[0][1])
@@ -211,7 +214,7 @@ def run_faults_bench(options: FaultsOptions,
         if not wait_until_drained(sink, [topics.metrics], options.drain_timeout_s):
             raise FaultsBenchError("the sink did not read everything", work)
         stored_ids, stored_samples, doubled = pipeline.stored_samples()
-        lost_ids = sent.acked_ids - stored_ids
+        lost_ids = sent.acked_keys - stored_ids
     finally:
         if load is not None:
             load.stop(timeout_s=10.0)
@@ -233,7 +236,7 @@ def run_faults_bench(options: FaultsOptions,
         "samples_lost": len(lost_ids) * profile.samples_per_flush,
         "samples_doubled": doubled,
         "batches_lost": len(lost_ids),
-        "batches_stored_not_acknowledged": len(stored_ids - sent.acked_ids),
+        "batches_stored_not_acknowledged": len(stored_ids - sent.acked_keys),
         "baseline_catch_up_s": round(baseline_s, 2),
         "faults": faults,
         "wall_s": round(time.monotonic() - started_s, 1),

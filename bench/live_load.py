@@ -66,6 +66,15 @@ def flush_batch(ident: TraceIdentity, index: int, profile: LoadProfile,
                                    "columns": columns})
 
 
+def batch_key(batch: MetricBatch) -> str:
+    """A flush batch as the store names it: its worker and its heartbeat's time (a stored
+    row does not carry its message's id; every flush holds one heartbeat)."""
+    heartbeat = batch.columns.heartbeat if batch.columns is not None else None
+    if heartbeat is None or len(heartbeat.event_time_ms) != 1:
+        raise ValueError("a flush batch holds one heartbeat")
+    return f"{batch.identity.worker_id}@{heartbeat.event_time_ms[0]}"
+
+
 def worker_identities(job_id: str, first: int, count: int, nodes: int) -> list[TraceIdentity]:
     """Workers ``first`` .. ``first + count - 1``, spread over ``nodes`` nodes."""
     return [TraceIdentity(job_id=job_id, worker_id=f"worker-{i:05d}",
@@ -80,7 +89,8 @@ class LoadCounters:
     acked_batches: int = 0
     failed_batches: int = 0
     acked_samples: int = 0
-    acked_ids: set[str] = field(default_factory=set)
+    # each acknowledged batch as the store names it: ``batch_key``
+    acked_keys: set[str] = field(default_factory=set)
 
     def summary(self) -> dict[str, int]:
         return {"produced_batches": self.produced_batches, "acked_batches": self.acked_batches,
@@ -125,16 +135,16 @@ class LiveLoad:
 
     def snapshot(self) -> LoadCounters:
         with self._lock:
-            return replace(self.counters, acked_ids=set(self.counters.acked_ids))
+            return replace(self.counters, acked_keys=set(self.counters.acked_keys))
 
-    def _delivered(self, err: object, event_id: str) -> None:
+    def _delivered(self, err: object, key: str) -> None:
         with self._lock:
             if err is not None:
                 self.counters.failed_batches += 1
                 return
             self.counters.acked_batches += 1
             self.counters.acked_samples += self._profile.samples_per_flush
-            self.counters.acked_ids.add(event_id)
+            self.counters.acked_keys.add(key)
 
     def _run(self) -> None:
         producer = make_producer(self._settings, "dsec-live-load",
@@ -149,10 +159,10 @@ class LiveLoad:
                 if wait_s > 0 and self._stop.wait(wait_s):
                     break
                 batch = flush_batch(ident, index, self._profile, now_ms())
+                stored_as = batch_key(batch)
                 producer.produce(
                     self._topic, key=ident.worker_id.encode(), value=encode_packed(batch),
-                    on_delivery=lambda err, _msg, event_id=batch.event_id:
-                        self._delivered(err, event_id))
+                    on_delivery=lambda err, _msg, key=stored_as: self._delivered(err, key))
                 with self._lock:
                     self.counters.produced_batches += 1
                 producer.poll(0)

@@ -189,7 +189,7 @@ def _store_counts(settings: DsecSettings) -> dict[str, object]:
     job = {"job": settings.job_id}
     distinct = doubled = 0
     for kind in SAMPLE_KINDS:
-        rows = query(settings, f"SELECT count(), uniqExact(batch_id, seq) FROM "
+        rows = query(settings, f"SELECT count(), uniqExact(worker_id, event_time, seq) FROM "
                                f"{raw_table_name(kind)} WHERE job_id = {{job:String}}", job)["rows"]
         distinct += int(rows[0][1])
         doubled += int(rows[0][0]) - int(rows[0][1])

@@ -118,7 +118,7 @@ def raw_table_statements(ttl_days: int) -> list[str]:
     statements, selects = [], []
     for kind, fields in FIELD_DTYPES.items():
         columns = [
-            f"event_time DateTime64(3, 'UTC') {_TIME_CODEC}", "batch_id String CODEC(ZSTD(3))",
+            f"event_time DateTime64(3, 'UTC') {_TIME_CODEC}",
             "seq UInt32 CODEC(T64, ZSTD(1))",
             "job_id LowCardinality(String)", "node_id LowCardinality(String)",
             "worker_id LowCardinality(String)",
@@ -145,7 +145,7 @@ def raw_table_statements(ttl_days: int) -> list[str]:
         values = ", ".join(f"'{n}', ifNull(toFloat64({n}), nan)" for n in numbers)
         label_pairs = ", ".join(f"'{n}', ifNull({n}, '')" for n in labels)
         selects.append(
-            f"SELECT event_time, batch_id, seq, job_id, node_id, worker_id, "
+            f"SELECT event_time, seq, job_id, node_id, worker_id, "
             f"toString(gpu_uuid) AS gpu_uuid, '{kind}' AS kind, toInt64({step}) AS step, "
             f"CAST(map({values}), 'Map(String, Float64)') AS values, "
             f"CAST(map({label_pairs}), 'Map(String, String)') AS labels, ingest_time "

@@ -1,7 +1,11 @@
 """Metric batches → one Arrow table per sample kind, for column-wise inserts.
 
 A batch's identity is stored once per message and referenced by dictionary indices,
-so the per-sample cost is that of numpy concatenation.
+so the per-sample cost is that of numpy concatenation. A row does not carry its message's
+id (a random id per message would cost more bytes on disk than the sample's values): a
+sample is named by its worker, its time and ``seq``, its place among its message's samples
+of its kind, from 0. Each message's rows of a kind are contiguous in a table, so
+``message_ids()`` maps a run of rows back to its message.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pyarrow as pa
 from dsec.schemas import MetricBatch
 from dsec.schemas.frames import FIELD_DTYPES, Frame
 
-IDENTITY_COLUMNS = ("batch_id", "job_id", "node_id", "worker_id")
+IDENTITY_COLUMNS = ("job_id", "node_id", "worker_id")
 
 
 def raw_table_name(kind: str) -> str:
@@ -27,6 +31,7 @@ class _KindBuffer:
     identity_index: list[np.ndarray] = field(default_factory=list)
     seq: list[np.ndarray] = field(default_factory=list)
     batch_gpu: list[np.ndarray] = field(default_factory=list)
+    message_ids: list[str] = field(default_factory=list)  # one per run of rows, in order
 
 
 def _dictionary(message_values: list[str], message_of_row: np.ndarray) -> pa.DictionaryArray:
@@ -53,7 +58,7 @@ class RawColumnsBuilder:
     """Collects the frames of many batches; ``tables()`` gives one Arrow table per kind."""
 
     def __init__(self) -> None:
-        self._identities: list[tuple[str, str, str, str]] = []
+        self._identities: list[tuple[str, str, str]] = []
         self._batch_gpus: list[str] = []
         self._kinds: dict[str, _KindBuffer] = {}
         self.samples = 0
@@ -65,18 +70,25 @@ class RawColumnsBuilder:
             frame_problem(kind, frame)
         index = len(self._identities)
         identity = batch.identity
-        self._identities.append(
-            (batch.event_id, identity.job_id, identity.node_id, identity.worker_id)
-        )
+        self._identities.append((identity.job_id, identity.node_id, identity.worker_id))
         self._batch_gpus.append(batch.gpu_uuid or "")
         for kind, frame in frames.items():
             n = frame["event_time_ms"].size
+            if n == 0:  # no rows, so no run of rows to name
+                continue
             self.samples += n
             buffer = self._kinds.setdefault(kind, _KindBuffer())
             for name, column in frame.items():
                 buffer.columns.setdefault(name, []).append(column)
             buffer.identity_index.append(np.full(n, index, dtype=np.int32))
             buffer.seq.append(np.arange(n, dtype=np.uint32))
+            buffer.message_ids.append(batch.event_id)
+
+    def message_ids(self) -> dict[str, list[str]]:
+        """``{table: [message id of each run of rows, in row order]}``; a run starts where
+        ``seq`` is 0."""
+        return {raw_table_name(kind): list(buffer.message_ids)
+                for kind, buffer in self._kinds.items()}
 
     def tables(self) -> dict[str, pa.Table]:
         out = {}

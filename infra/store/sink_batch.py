@@ -110,6 +110,8 @@ class PreparedBatch:
     arrow: dict[str, Any] = field(default_factory=dict)
     events: dict[str, list[StoredEvent]] = field(default_factory=dict)
     raw_sources: dict[str, Source] = field(default_factory=dict)
+    # {raw table: [message id of each run of its rows, in row order]}
+    raw_messages: dict[str, list[str]] = field(default_factory=dict)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     tokens: dict[str, Any] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)

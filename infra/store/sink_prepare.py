@@ -127,6 +127,7 @@ class BatchPreparer:
                 raw.add(decoded.header, decoded.frames)
                 kept.append((source, decoded))
             raw_batches, tables = kept, raw.tables()
+        batch.raw_messages = raw.message_ids()
         for source, decoded in raw_batches:
             batch_id = duplicate_key(decoded.header)
             batch.raw_sources[batch_id] = source

@@ -114,7 +114,7 @@ class SinkWriter(BatchWriter[PreparedBatch]):
         # Each message's rows of a kind are contiguous and number from 0.
         starts = np.flatnonzero(arrow_table.column("seq").to_numpy() == 0)
         bounds = [*starts.tolist(), arrow_table.num_rows]
-        batch_ids = arrow_table.column("batch_id")
+        messages = batch.raw_messages[table]
 
         def insert(lo: int, hi: int, sub_token: str) -> None:
             part = arrow_table.slice(bounds[lo], bounds[hi] - bounds[lo])
@@ -123,7 +123,7 @@ class SinkWriter(BatchWriter[PreparedBatch]):
             self._count(table, part.num_rows)
 
         def reject(unit: int, reason: str) -> None:
-            self._reject(batch, batch.raw_sources[batch_ids[bounds[unit]].as_py()], reason)
+            self._reject(batch, batch.raw_sources[messages[unit]], reason)
 
         self._inserter.split_insert(table, len(starts), token, insert, reject)
 

@@ -58,14 +58,14 @@ def test_raw_samples_land_column_wise_and_a_replayed_insert_is_not_doubled(clien
                                 settings={"insert_deduplication_token": f"{table}:same"})
     result = client.query(
         "SELECT kind, step, values['grad_norm'], values['reward'], labels['termination_reason'],"
-        " values['samples_dropped'], worker_id, batch_id FROM raw_metrics ORDER BY event_time"
+        " values['samples_dropped'], worker_id, seq FROM raw_metrics ORDER BY event_time"
     ).result_rows
     assert [row[:6] for row in result] == [
         ("step", 7, 2.0, 0.0, "", 0.0),
         ("episode", 3, 0.0, 21.0, "pole_fell", 0.0),
         ("heartbeat", 0, 0.0, 0.0, "", 4.0),
     ]
-    assert {row[6] for row in result} == {"w0"} and {row[7] for row in result} == {batch.event_id}
+    assert {row[6] for row in result} == {"w0"} and {row[7] for row in result} == {0}
     steps = client.query("SELECT loss, grad_norm, step_time_ms FROM raw_step").result_rows
     assert steps == [(0.5, 2.0, None)]  # a missing optional number is NULL, not 0
 
@@ -195,13 +195,38 @@ def test_exported_batches_are_batches_that_replay_reads(client) -> None:
     for table, arrow_table in builder.tables().items():
         client.insert_arrow(table, arrow_table)
     lock = threading.Lock()
-    lines = list(export_batches(lambda sql, params: run_readonly(client, lock, sql, params),
-                                since_ms=0))
-    assert len(lines) == 1
-    exported = MetricBatch.model_validate_json(lines[0])  # a label never set is not ''
-    frames, original = batch_frames(exported), batch_frames(batch)
-    assert frames.keys() == original.keys()
+    def export() -> list[bytes]:
+        return list(export_batches(lambda sql, params: run_readonly(client, lock, sql, params),
+                                   since_ms=0))
+
+    lines = export()
+    assert export() == lines  # the same ids, so a second replay stores nothing new
+    exported = [MetricBatch.model_validate_json(line) for line in lines]  # no '' labels
+    frames = {kind: frame for one in exported for kind, frame in batch_frames(one).items()}
+    original = batch_frames(batch)
+    assert len(exported) == 3 and frames.keys() == original.keys()  # one per kind here
     for kind, fields in original.items():
         for name, values in fields.items():
             assert [None if v != v else v for v in frames[kind][name].tolist()] == [
                 None if v != v else v for v in values.tolist()], (kind, name)
+
+
+def test_a_store_whose_raw_rows_carry_their_message_id_takes_rows_without_it(client) -> None:
+    ensure_schema(client)
+    client.command("ALTER TABLE raw_step ADD COLUMN batch_id String AFTER event_time")  # older
+    ensure_schema(client)
+    batch = MetricBatch(identity=IDENTITY, samples=[
+        StepSample(event_time_ms=1_800_000_000_000, step=1, loss=0.5),
+        StepSample(event_time_ms=1_800_000_000_001, step=2, loss=0.25),
+    ])
+    builder = RawColumnsBuilder()
+    builder.add(batch, batch_frames(batch))
+    builder.add(MetricBatch(identity=IDENTITY, samples=[]), {"step": batch_frames(
+        MetricBatch(identity=IDENTITY, columns=MetricColumns(step=StepColumns(
+            event_time_ms=[], step=[]))))["step"]})  # no samples: no run of rows
+    assert builder.message_ids() == {"raw_step": [batch.event_id]}
+    for table, arrow_table in builder.tables().items():
+        client.insert_arrow(table, arrow_table)
+    assert client.query("SELECT step, seq, batch_id FROM raw_step ORDER BY step").result_rows == [
+        (1, 0, ""), (2, 1, "")]
+    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(2,)]
