@@ -4,7 +4,8 @@ Per fleet size, each in a fresh process so that one size's memory does not carry
 the next: the policy engine's whole step (and its cost per target), the metrics stream
 job's CPU per message and per sample at probe rates, its state bytes per worker and
 feature events per CPU second, and each one's resident memory. Once: a generated
-history in ClickHouse (bytes on disk per stored sample, analysis query latencies).
+history in ClickHouse (bytes on disk per stored sample, analysis query latencies), and
+weeks of generated hourly roll-ups (the trends dashboard's latencies).
 """
 
 from __future__ import annotations
@@ -36,7 +37,20 @@ def _store(gpus: int, hours: float, directory: str) -> dict:
         client.close()
 
 
-def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float) -> dict:
+def _rollups(gpus: int, days: int, directory: str) -> dict:
+    from dsec.bench.scale_rollups import RollupScale, measure_rollups
+    from dsec.infra.store.clickhouse import connect, ensure_schema
+
+    client = connect(f"chdb://{Path(directory) / 'store'}")
+    try:
+        ensure_schema(client, ttl_days=3650)
+        return measure_rollups(client, RollupScale(gpus=gpus, days=days))
+    finally:
+        client.close()
+
+
+def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
+              rollup_gpus: int = 1000, rollup_days: int = 0) -> dict:
     from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job
 
     engine = [_in_fresh_process(measure_engine, n) for n in fleet_sizes]
@@ -52,6 +66,9 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float) -> di
     if store_hours > 0:
         with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
             result["store"] = _in_fresh_process(_store, store_gpus, store_hours, directory)
+    if rollup_days > 0:
+        with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
+            result["rollups"] = _in_fresh_process(_rollups, rollup_gpus, rollup_days, directory)
     return result
 
 
@@ -71,14 +88,17 @@ def scale(
     store_gpus: Annotated[int, typer.Option(min=1, max=100_000)] = 100,
     store_hours: Annotated[float, typer.Option(
         min=0, max=24 * 30, help="Hours of generated history; 0: skip the store.")] = 24.0,
+    rollup_gpus: Annotated[int, typer.Option(min=1, max=100_000)] = 1000,
+    rollup_days: Annotated[int, typer.Option(
+        min=0, max=365, help="Days of generated hourly roll-ups; 0: skip them.")] = 30,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Engine step, stream-job cost and state per worker, memory, storage and queries,
-    against the fleet size."""
+    """Engine step, stream-job cost and state per worker, memory, storage, queries and
+    dashboards over weeks of roll-ups, against the fleet size."""
     sizes = [int(size) for size in workers.split(",") if size.strip()]
     if not sizes or min(sizes) < 1:
         raise typer.BadParameter("give one or more positive fleet sizes", param_hint="--workers")
-    result = _rounded(run_scale(sizes, store_gpus, store_hours))
+    result = _rounded(run_scale(sizes, store_gpus, store_hours, rollup_gpus, rollup_days))
     if as_json:
         print(json.dumps(result))
         return

@@ -145,8 +145,13 @@ def _timed(client, sql: str) -> float:
     return time.perf_counter() - start
 
 
-def _grafana(sql: str, since_s: int, until_s: int) -> str:
-    """A history panel's query as the ClickHouse data source sends it, for the whole
+def median_s(client, sql: str) -> float:
+    """The median of three runs of ``sql``, in seconds."""
+    return round(sorted(_timed(client, sql) for _ in range(3))[1], 4)
+
+
+def grafana_sql(sql: str, since_s: int, until_s: int) -> str:
+    """A dashboard panel's query as the ClickHouse data source sends it, for the whole
     generated range and every job."""
     sql = re.sub(r"\$__conditionalAll\((.*?),\s*\$job\)", "1=1", sql, flags=re.S)
     sql = re.sub(r"\$__timeFilter\(([^)]+)\)",
@@ -157,15 +162,14 @@ def _grafana(sql: str, since_s: int, until_s: int) -> str:
 
 def query_latencies_s(client, scale: StoreScale) -> dict[str, dict[str, float]]:
     """The median of three runs of each ready query and history panel."""
-    def median(sql: str) -> float:
-        return round(sorted(_timed(client, sql) for _ in range(3))[1], 4)
-
-    ready = {path.stem: median(path.read_text()) for path in sorted(QUERIES.glob("*.sql"))}
+    ready = {path.stem: median_s(client, path.read_text())
+             for path in sorted(QUERIES.glob("*.sql"))}
     panels = {}
     until_s = START_S + scale.seconds + 60
     for panel in json.loads((DASHBOARDS / "history.json").read_text())["panels"]:
         for target in panel.get("targets", []):
-            panels[panel["title"]] = median(_grafana(target["rawSql"], START_S, until_s))
+            panels[panel["title"]] = median_s(
+                client, grafana_sql(target["rawSql"], START_S, until_s))
     return {"ready_queries_s": ready, "history_panels_s": panels}
 
 

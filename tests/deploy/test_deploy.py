@@ -435,7 +435,7 @@ def _targets(dashboard: dict) -> list[dict]:
 
 def test_dashboards_are_well_formed() -> None:
     names = sorted(p.name for p in DASHBOARDS.glob("*.json"))
-    assert names == ["fleet-health.json", "history.json"]
+    assert names == ["fleet-health.json", "history.json", "trends.json"]
     uids = set()
     for name in names:
         dashboard = _dashboard(name)
@@ -447,7 +447,7 @@ def test_dashboards_are_well_formed() -> None:
             assert panel["datasource"]["uid"] == "${datasource}"
             grid = panel["gridPos"]
             assert grid["x"] + grid["w"] <= 24
-    assert len(uids) == 2
+    assert len(uids) == 3
 
 
 def test_fleet_dashboard_uses_the_metric_catalogue() -> None:
@@ -486,6 +486,10 @@ def _seed_history(client) -> None:
             f"({now}, 'f2', 'job-a', 'n0', 'w0', 'g0', 'episodes', "
             "'reward_variance_jump_ratio', 6.0)",
             f"({now}, 'f3', 'job-a', 'n0', 'w1', 'g1', 'steps', 'grad_norm_log_slope', -0.01)",
+            f"({now}, 'f4', 'job-a', 'n0', 'w1', 'g1', 'syncs', 'grad_sync_latency_p99_ms', 80)",
+            f"({now}, 'f5', 'job-a', 'n0', 'w1', 'g1', 'gpu', 'gpu_memory_growth_bytes_per_s', "
+            "1e6)",
+            f"({now}, 'f6', 'job-a', 'n0', 'w0', 'g0', 'liveness', 'heartbeat_age_s', 1.5)",
         ],
         "actuations (event_time, actuation_id, expires_at, job_id, node_id, worker_id, "
         "policy_name, policy_version, action, params, reason)": [
@@ -519,12 +523,13 @@ def _seed_history(client) -> None:
         client.command(f"INSERT INTO {table} VALUES {', '.join(values)}")
 
 
-def test_history_dashboard_queries_run_on_the_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["history.json", "trends.json"])
+def test_store_dashboard_queries_run_on_the_store(tmp_path: Path, name: str) -> None:
     client = connect(f"chdb://{tmp_path / 'clickhouse'}")
     try:
         ensure_schema(client, ttl_days=30)
         _seed_history(client)
-        dashboard = _dashboard("history.json")
+        dashboard = _dashboard(name)
         rows_by_panel: dict[str, int] = {}
         for panel in dashboard["panels"]:
             for target in panel["targets"]:

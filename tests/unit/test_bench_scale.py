@@ -8,6 +8,7 @@ import pytest
 from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job, worker_second
 from dsec.bench.scale_store import StoreScale, measure_store
 from dsec.infra.store.clickhouse import connect, ensure_schema
+from dsec.schemas.features import WORKER_FEATURES
 
 
 def test_a_worker_second_carries_the_probe_rates() -> None:
@@ -52,3 +53,24 @@ def test_the_generated_history_has_the_stated_rows_and_is_measured(tmp_path) -> 
     assert features[1] == 3
     assert result["bytes_per_stored_sample"] > 0
     assert result["ready_queries_s"] and result["history_panels_s"]
+
+
+def test_the_generated_rollups_have_the_stated_rows_and_every_trend_panel_is_timed(
+        tmp_path) -> None:
+    from dsec.bench.scale_rollups import RollupScale, measure_rollups
+
+    scale = RollupScale(gpus=3, days=2)
+    client = connect(f"chdb://{tmp_path / 'store'}")
+    try:
+        ensure_schema(client, ttl_days=3650)
+        result = measure_rollups(client, scale)
+        per_job = client.query("SELECT job_id, sum(actuations) > 0 FROM actuations_hourly "
+                               "GROUP BY job_id ORDER BY job_id").result_rows
+        hours = client.query("SELECT uniqExact(hour), uniqExact(worker_id), "
+                             "uniqExact(feature) FROM features_hourly").result_rows[0]
+    finally:
+        client.close()
+    assert result["features_hourly_rows"] == scale.feature_rows()
+    assert hours[0] == 48 and hours[1] == 3 and hours[2] == len(WORKER_FEATURES)
+    assert [row[1] for row in per_job] == [1, 1, 1, 1]  # an hourly count for every job
+    assert len(result["trend_panels_s"]) == 9
