@@ -4,7 +4,8 @@ bytes on disk per stored sample from ``system.parts`` after merges, and the late
 every ready analysis query (``infra/queries/``) and of every Grafana history panel over it.
 
 The generated values: each worker's samples in time order at the probe's rates, counters
-that climb, NVML readings in whole units, and every other measured value a hash-drawn
+that climb, NVML readings in whole units (memory in whole MiB), the heartbeat's interval
+as configured, and every other measured value a hash-drawn
 number with three decimals between 0 and 100 (about 17 bits of noise, which no codec
 removes: real losses and latencies carry at least as much).
 """
@@ -42,6 +43,9 @@ _BY_NAME = {
     "step": "i", "episode_index": "i", "seq": "toUInt32(i % 16)",
     "memory_used_bytes": "toInt64(40 * 1073741824 + (i % 3600) * 1048576)",
     "memory_total_bytes": "toInt64(85899345920)",
+    # NVML's per-process figure: whole MiB, rising slowly like the card's
+    "process_memory_used_bytes": "toFloat64(30 * 1073741824 + (i % 3600) * 1048576)",
+    "interval_s": f"toFloat64({ProbeRates().heartbeat_every_s})",  # the probe's setting
     "bytes": "toInt64(16777216)", "length": "toInt64(200 + i % 37)",
     # NVML answers in whole units: percent, degrees, MHz, milliwatts
     "utilisation_pct": "toFloat64(cityHash64(number) % 101)",
