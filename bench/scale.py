@@ -25,26 +25,14 @@ def _in_fresh_process(function: Callable[..., dict], *args: Any) -> dict:
         return pool.apply(function, args)
 
 
-def _store(gpus: int, hours: float, directory: str) -> dict:
-    from dsec.bench.scale_store import StoreScale, measure_store
+def _in_new_store(measure: Callable[[Any, Any], dict], scale: Any, directory: str) -> dict:
+    """``measure(client, scale)`` on a new embedded store in ``directory``."""
     from dsec.infra.store.clickhouse import connect, ensure_schema
 
     client = connect(f"chdb://{Path(directory) / 'store'}")
     try:
         ensure_schema(client, ttl_days=3650)  # the generated history is dated ahead
-        return measure_store(client, StoreScale(gpus=gpus, hours=hours))
-    finally:
-        client.close()
-
-
-def _rollups(gpus: int, days: int, directory: str) -> dict:
-    from dsec.bench.scale_rollups import RollupScale, measure_rollups
-    from dsec.infra.store.clickhouse import connect, ensure_schema
-
-    client = connect(f"chdb://{Path(directory) / 'store'}")
-    try:
-        ensure_schema(client, ttl_days=3650)
-        return measure_rollups(client, RollupScale(gpus=gpus, days=days))
+        return measure(client, scale)
     finally:
         client.close()
 
@@ -52,6 +40,8 @@ def _rollups(gpus: int, days: int, directory: str) -> dict:
 def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
               rollup_gpus: int = 1000, rollup_days: int = 0) -> dict:
     from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job
+    from dsec.bench.scale_rollups import RollupScale, measure_rollups
+    from dsec.bench.scale_store import StoreScale, measure_store
 
     engine = [_in_fresh_process(measure_engine, n) for n in fleet_sizes]
     stream_job = [_in_fresh_process(measure_stream_job, n) for n in fleet_sizes]
@@ -65,10 +55,14 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
     }
     if store_hours > 0:
         with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
-            result["store"] = _in_fresh_process(_store, store_gpus, store_hours, directory)
+            result["store"] = _in_fresh_process(
+                _in_new_store, measure_store,
+                StoreScale(gpus=store_gpus, hours=store_hours), directory)
     if rollup_days > 0:
         with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
-            result["rollups"] = _in_fresh_process(_rollups, rollup_gpus, rollup_days, directory)
+            result["rollups"] = _in_fresh_process(
+                _in_new_store, measure_rollups,
+                RollupScale(gpus=rollup_gpus, days=rollup_days), directory)
     return result
 
 
