@@ -85,6 +85,8 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
                          _topic(t.gpu_profiles, *PRODUCE), _topic(t.dead_letters, *PRODUCE),
                          _topic(t.features, *CONSUME), _topic(t.decisions, *CONSUME),
                          _topic(t.fleet_inputs, *CONSUME), _topic(t.fleet_inputs, *PRODUCE),
+                         # the metrics job reports each worker's cards; the card job reads them
+                         _topic(t.gpu_cards, *PRODUCE), _topic(t.gpu_cards, *CONSUME),
                          _topic(t.process_usage, *PRODUCE),
                          Acl("topic", f"{prefix}-stream-jobs", "prefix", FAUST_APP),
                          _group(f"{prefix}-stream-jobs"))),

@@ -3,6 +3,7 @@ the chart's values holding the same ACLs (on a real broker: test_trust_kafka.py)
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,15 @@ def test_who_writes_and_reads_what() -> None:
     assert [(a.name, a.operations) for a in worker.acls if a.resource == "topic"] == [
         (t.metrics, PRODUCE), (t.actuations, CONSUME)]
     assert all(a.resource != "cluster" for u in dsec_users("p").values() for a in u.acls)
+
+
+def test_every_topic_has_a_writer_and_a_reader() -> None:
+    """A topic no user may write is a job that crashes on its first output."""
+    for field, topic in dataclasses.asdict(topic_names("p")).items():
+        assert _who("Write", topic), field
+        assert _who("Read", topic), field
+    t = topic_names("p")
+    assert _who("Write", t.gpu_cards) == _who("Read", t.gpu_cards) == {"stream-jobs"}
 
 
 def test_chart_values_hold_the_same_acls() -> None:
