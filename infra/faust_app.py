@@ -24,16 +24,17 @@ from faust.types import TP, EventT, StreamT, TopicT
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
+from dsec.infra.batch_guard import BatchGuard, DeliveryError
 from dsec.infra.commit_stalls import CommitStalls
 from dsec.infra.observability.metrics import CONSUMER_LAG, ProcessMetrics
-from dsec.infra.records import Record
+from dsec.infra.records import Output, Record
 from dsec.schemas.settings import DsecSettings
 
 __all__ = [
     "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
-    "QuietWorker", "StreamT", "Table", "TopicT", "check_faust_internals", "committed_offsets",
-    "fetch_topic_metadata", "make_faust_app", "on_partitions_assigned", "publish", "record_of",
-    "seek_to_committed_or_reset", "watch_faust_app",
+    "QuietWorker", "StreamT", "Table", "TopicT", "batch_guard", "check_faust_internals",
+    "committed_offsets", "fetch_topic_metadata", "make_faust_app", "on_partitions_assigned",
+    "publish", "record_of", "seek_to_committed_or_reset", "watch_faust_app",
 ]
 
 
@@ -238,9 +239,22 @@ async def publish(app: App, topic: str, key: bytes, value: bytes) -> asyncio.Fut
 
     Straight to the producer rather than through ``Topic.send``: Faust's producer lookup
     there yields to the event loop three times per message, and each turn lets the producer
-    send a request for the one or two messages queued so far."""
-    return await app.producer.send(topic, key, value, partition=None, timestamp=None,
-                                   headers=None)
+    send a request for the one or two messages queued so far. A producer that refuses the
+    message (a topic not authorized, a buffer it cannot grow) raises ``DeliveryError``."""
+    try:
+        return await app.producer.send(topic, key, value, partition=None, timestamp=None,
+                                       headers=None)
+    except Exception as exc:
+        raise DeliveryError(f"{topic}: {exc!r}") from exc
+
+
+def batch_guard(app: App, job: str, dead_letters_topic: str,
+                on_dead_lettered: Callable[[int], None] = lambda count: None) -> BatchGuard:
+    """The guard of ``job``'s batches, sending through ``app``'s producer."""
+    async def send(output: Output) -> asyncio.Future:
+        return await publish(app, output.topic, output.key, output.value())
+
+    return BatchGuard(job, send, dead_letters_topic, on_dead_lettered)
 
 
 def on_partitions_assigned(app: App, callback: Callable[[], None]) -> None:

@@ -1,6 +1,8 @@
 """The policy engine as Faust agents: batches of the features topic through
-``PolicyAgent``, each output sent and delivered in turn; policies and pools in from their
-compacted topics, hot-reloaded. The agent's state mappings are Faust tables."""
+``PolicyAgent``, each output sent and delivered in turn (a failed delivery tried again
+until it is through; a batch the engine fails on dead-lettered: ``dsec.infra.batch_guard``);
+policies and pools in from their compacted topics, hot-reloaded. The agent's state mappings
+are Faust tables."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from dsec.infra.faust_app import (
     App,
     StreamT,
     Table,
+    batch_guard,
     fetch_topic_metadata,
     on_partitions_assigned,
-    publish,
     record_of,
 )
-from dsec.infra.observability.metrics import ProcessMetrics
+from dsec.infra.observability.metrics import UNPROCESSABLE, ProcessMetrics
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.instruments import EngineInstruments
 from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
@@ -71,8 +73,11 @@ def register_policy_engine(
     # The engine caches its tables in columns: after a rebalance, read them again.
     on_partitions_assigned(app, agent.engine.forget_cached)
 
+    guard = batch_guard(app, "policy-engine", topics.dead_letters,
+                        lambda count: instruments.dead_lettered_batch(UNPROCESSABLE, count))
+
     async def send_durably(output: Output) -> None:
-        await (await publish(app, output.topic, output.key, output.value()))
+        await guard.deliver([output])
 
     @app.task
     async def audit_startup() -> None:
@@ -99,9 +104,12 @@ def register_policy_engine(
             await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
         async for batch in stream.take_events(options.batch_max_events,
                                               within=options.batch_within_s):
-            out = agent.process([record_of(event) for event in batch])
-            for output in out.messages:
-                await send_durably(output)
-            instruments.batch_done(len(batch), out)
+            records = [record_of(event) for event in batch]
+            # processed once (the state machine moves on), then delivered, in order, until
+            # every message is through
+            out = await guard.processed(records, agent.process)
+            if out is not None:
+                await guard.deliver(out.messages, in_order=True)
+                instruments.batch_done(len(batch), out)
 
     return agent.counters

@@ -35,6 +35,11 @@ class EngineInstruments:
         # Trips per hour and pool (dsec_melt_down_count) come from the fleet features.
         self.breaker_trips = metrics.counter(BREAKER_TRIPS)
 
+    def dead_lettered_batch(self, reason_class: str, messages: int) -> None:
+        """A batch the engine failed on, its messages dead-lettered."""
+        self.dead_lettered.labels(SERVICE, reason_class).inc(messages)
+        self.dead_letters_out.inc(messages)
+
     def batch_done(self, records: int, out: AgentOutput) -> None:
         """``records``: how many records of the features topic the batch held."""
         self.features_in.inc(records)

@@ -3,8 +3,8 @@ its outputs published, then its worker states saved, then the batch acknowledged
 
 Per-worker state is a Faust table keyed like the metrics topic (by worker), so a restarted
 or rebalanced stream worker resumes from it. A batch's input offsets are acknowledged
-after every output of the batch is delivered; Faust's ``take_events`` acknowledges in a
-``finally``, so a batch whose processing raises is acknowledged too (a known gap).
+after every output of the batch is delivered: a failed delivery runs the batch again, and a
+batch the job fails on otherwise is dead-lettered (``dsec.infra.batch_guard``).
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from __future__ import annotations
 import asyncio
 import time
 
+from dsec.infra.batch_guard import delivered
 from dsec.infra.faust_app import (
     TP,
     App,
-    EventT,
     StreamT,
+    batch_guard,
     fetch_topic_metadata,
     publish,
     record_of,
 )
-from dsec.infra.observability.metrics import ProcessMetrics
-from dsec.infra.records import Output
+from dsec.infra.observability.metrics import UNPROCESSABLE, ProcessMetrics
+from dsec.infra.records import Output, Record
 from dsec.schemas import now_ms
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.topics import TopicNames
@@ -60,18 +61,18 @@ def register_metrics_job(
         """Hands an output to the producer; the future resolves once the broker has it."""
         return await publish(app, output.topic, output.key, output.value())
 
-    async def process(events: list[EventT]) -> None:
+    async def process(records: list[Record]) -> None:
         started_s = turn_s = time.perf_counter()
         batch = job.start_batch(now_ms())
         sends = []
-        for event in events:
+        for record in records:
             if time.perf_counter() - turn_s > loop_turn_every_s:
                 # A turn of the event loop now and then: the consumer's fetcher and the
                 # producer's sender run in it, and a batch worked through in one go would
                 # leave the next batch unfetched and this one's outputs unsent until the end.
                 await asyncio.sleep(0)
                 turn_s = time.perf_counter()
-            output = batch.add(record_of(event))
+            output = batch.add(record)
             if output is not None:
                 sends.append(await send(output))
         result = batch.finish()
@@ -79,16 +80,18 @@ def register_metrics_job(
             sends.append(await send(output))
         # Outputs first, state second: a crash in between replays the batch, which derives
         # the same outputs under the same ids (deduplicated downstream).
-        if sends:
-            await asyncio.gather(*sends)
+        await delivered(sends)
         job.save(result.states)
-        instruments.batch_done(started_s, len(events), result)
+        instruments.batch_done(started_s, len(records), result)
+
+    guard = batch_guard(app, "metrics-job", topics.dead_letters,
+                        lambda count: instruments.dead_lettered_batch(UNPROCESSABLE, count))
 
     @app.agent(source, name="metrics-job")
     async def metrics_job(stream: StreamT) -> None:
         await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
-            await process(list(events))
+            await guard.run([record_of(event) for event in events], process)
 
     def partition_end(partition: int) -> int | None:
         try:
@@ -100,8 +103,7 @@ def register_metrics_job(
     async def liveness_check() -> None:
         result = job.check_liveness(now_ms(), partition_end)
         job.save(result.overdue)
-        if result.outputs:
-            await asyncio.gather(*[await send(output) for output in result.outputs])
+        await guard.deliver(result.outputs)
         job.save_lost(result)
         instruments.liveness_checked(result)
 

@@ -4,17 +4,16 @@ timer that publishes every scope's fleet features.
 
 Outputs first, states second, as in the metrics job: a crash in between replays inputs
 that the states then recognise (each remembers its recent input ids) and ticks whose
-events carry the same ids.
+events carry the same ids. A failed delivery is tried again until it is through, and a
+batch a job fails on is dead-lettered (``dsec.infra.batch_guard``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, MutableMapping
 
-from dsec.infra.faust_app import App, StreamT, fetch_topic_metadata, publish, record_of
+from dsec.infra.faust_app import App, StreamT, batch_guard, fetch_topic_metadata, record_of
 from dsec.infra.observability.metrics import ProcessMetrics
-from dsec.infra.records import Output
 from dsec.schemas.topics import TopicNames
 from dsec.stream_jobs.fleet_features import FleetConfig, FleetState
 from dsec.stream_jobs.fleet_job import FleetCounters, FleetJob, FleetRouter
@@ -65,10 +64,7 @@ def register_fleet_job(
                       use_partitioner=True)
     job = FleetJob(topics, FleetStateTable(table), config, counters=counters)
 
-    async def send_all(outputs: list[Output]) -> None:
-        sends = [await publish(app, o.topic, o.key, o.value()) for o in outputs]
-        if sends:
-            await asyncio.gather(*sends)
+    guard = batch_guard(app, "fleet-job", topics.dead_letters)
 
     sources = app.topic(topics.features, topics.decisions, value_type=bytes, key_type=bytes)
 
@@ -76,8 +72,10 @@ def register_fleet_job(
     async def fleet_router(stream: StreamT) -> None:
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
             records = [record_of(event) for event in events]
-            await send_all(router.process(records))
-            instruments.routed(records)
+            outputs = await guard.processed(records, router.process)
+            if outputs is not None:
+                await guard.deliver(outputs)
+                instruments.routed(records)
 
     inputs = app.topic(topics.fleet_inputs, value_type=bytes, key_type=bytes)
 
@@ -85,12 +83,15 @@ def register_fleet_job(
     async def fleet_job(stream: StreamT) -> None:
         await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
-            job.save(job.process(record_of(event) for event in events))
+            records = [record_of(event) for event in events]
+            states = await guard.processed(records, job.process)
+            if states is not None:
+                job.save(states)
 
     @app.timer(interval=config.publish_interval_s)
     async def publish_fleet_features() -> None:
         tick = job.tick()
-        await send_all(tick.outputs)
+        await guard.deliver(tick.outputs)
         job.save(tick.states)
         instruments.ticked(tick)
 

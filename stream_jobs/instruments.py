@@ -43,6 +43,11 @@ class JobInstruments:
         self.samples_dropped = metrics.latest(PROBE_SAMPLES_DROPPED)
         self.workers_lost = metrics.gauge(WORKERS_LOST)
 
+    def dead_lettered_batch(self, reason_class: str, messages: int) -> None:
+        """A batch the job failed on, its messages dead-lettered."""
+        self.dead_lettered.labels(SERVICE, reason_class).inc(messages)
+        self.dead_letters_out.inc(messages)
+
     def batch_done(self, started_s: float, messages: int, result: BatchResult) -> None:
         """``started_s``: ``time.perf_counter()`` when the batch began."""
         for reason in result.dead_letter_reasons:
