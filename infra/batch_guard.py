@@ -20,10 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from dsec.infra.observability.metrics import UNPROCESSABLE
 from dsec.infra.records import Output, Record
 
-__all__ = ["UNPROCESSABLE", "BatchGuard", "DeliveryError", "Send"]
+__all__ = ["BatchGuard", "DeliveryError", "Send", "delivered"]
 
 T = TypeVar("T")
 
@@ -118,7 +117,7 @@ class BatchGuard:
 
     async def _dead_letter(self, records: list[Record], error: Exception) -> None:
         cause = f"{type(error).__name__}: {error}"[:500]
-        reason = f"{UNPROCESSABLE}: {self.job} failed on this message's batch: {cause}"
+        reason = f"{self.job} could not handle this message's batch: {cause}"
         letters = [Output(self.dead_letters_topic, record.topic.encode(),
                           record.dead_letter(reason)) for record in records]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from dsec.infra.consumer_loop_types import HANDLER_FAILED
 from dsec.infra.faust_app import (
     App,
     StreamT,
@@ -18,7 +19,7 @@ from dsec.infra.faust_app import (
     on_partitions_assigned,
     record_of,
 )
-from dsec.infra.observability.metrics import UNPROCESSABLE, ProcessMetrics
+from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.instruments import EngineInstruments
 from dsec.policy_engine.policy_agent import EngineCounters, PolicyAgent
@@ -74,7 +75,7 @@ def register_policy_engine(
     on_partitions_assigned(app, agent.engine.forget_cached)
 
     guard = batch_guard(app, "policy-engine", topics.dead_letters,
-                        lambda count: instruments.dead_lettered_batch(UNPROCESSABLE, count))
+                        lambda count: instruments.dead_lettered_batch(HANDLER_FAILED, count))
 
     async def send_durably(output: Output) -> None:
         await guard.deliver([output])

@@ -13,6 +13,7 @@ import asyncio
 import time
 
 from dsec.infra.batch_guard import delivered
+from dsec.infra.consumer_loop_types import HANDLER_FAILED
 from dsec.infra.faust_app import (
     TP,
     App,
@@ -22,7 +23,7 @@ from dsec.infra.faust_app import (
     publish,
     record_of,
 )
-from dsec.infra.observability.metrics import UNPROCESSABLE, ProcessMetrics
+from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.records import Output, Record
 from dsec.schemas import now_ms
 from dsec.schemas.event_times import EventTimeWindow
@@ -85,7 +86,7 @@ def register_metrics_job(
         instruments.batch_done(started_s, len(records), result)
 
     guard = batch_guard(app, "metrics-job", topics.dead_letters,
-                        lambda count: instruments.dead_lettered_batch(UNPROCESSABLE, count))
+                        lambda count: instruments.dead_lettered_batch(HANDLER_FAILED, count))
 
     @app.agent(source, name="metrics-job")
     async def metrics_job(stream: StreamT) -> None:

@@ -60,8 +60,8 @@ EVENTS_OUT = MetricSpec(
 EVENTS_DEAD_LETTERED = MetricSpec(
     "dsec_events_dead_lettered_total", "counter",
     "Messages sent to the dead-letter topic, by service and reason class "
-    "(empty, not_json, invalid, unprocessable: a batch a job failed on; the sink: "
-    "store_rejected, unpreparable).",
+    "(empty, not_json, invalid; the sink: store_rejected, unpreparable; handler_failed: a "
+    "message a consumer loop or a stream job's batch failed on).",
     ("service", "reason"))
 CONSUMER_LAG = MetricSpec(
     "dsec_consumer_lag_messages", "gauge",
@@ -149,13 +149,10 @@ SERVICE_METRICS: dict[str, tuple[MetricSpec, ...]] = {
 
 
 STORE_REJECTED = "store_rejected"  # the reason class of what ClickHouse refused to store
-UNPROCESSABLE = "unprocessable"  # a batch a job failed on (``dsec.infra.batch_guard``)
 
 
 def dead_letter_reason(reason: str) -> str:
     """A bounded label for a dead letter's reason (the reason itself names fields and values)."""
-    if reason.startswith(UNPROCESSABLE):
-        return UNPROCESSABLE
     if "tombstone" in reason:
         return "empty"
     if "not JSON" in reason:
