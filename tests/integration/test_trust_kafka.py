@@ -8,6 +8,7 @@ revoked and refused from the next command on."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -324,6 +325,69 @@ def test_publisher_stream_jobs_and_engine_each_run_on_their_own_user(
 
 def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def test_a_delivery_the_broker_refuses_holds_the_batch_until_it_is_taken(
+        secured_kafka: LocalKafka, tmp_path: Path) -> None:
+    """Nothing lost when the broker refuses a stream job's output: the stream-jobs user
+    starts without its write ACL on gpu-cards, so the metrics job's card report of the
+    worker's first batch is refused. The batch is tried again, not acknowledged; once the
+    ACL is granted, the report goes through and the card job tells the worker its card,
+    though the worker sent nothing more."""
+    broker = secured_kafka
+    auth = broker.auth
+    assert auth is not None
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    topics = topic_names(prefix)
+    admin = _as_user(broker, DsecSettings(topic_prefix=prefix, data_dir=tmp_path / "keys-home"),
+                     auth.admin_user, auth.admin_password)
+    ensure_topics(admin, partitions=2)
+    users = dsec_users(prefix)
+    passwords = {user.name: uuid.uuid4().hex for user in users.values()}
+    full = users["stream-jobs"]
+    refused = dataclasses.replace(full, acls=tuple(
+        dataclasses.replace(acl, operations=tuple(o for o in acl.operations if o != "Write"))
+        if acl.name == topics.gpu_cards else acl for acl in full.acls))
+    apply_users(broker.client_config(), [refused, users["worker"]], passwords)
+    signer_for(admin, KeyRole.COMMAND_SIGNER)
+    log = tmp_path / "stream-jobs" / "out.log"
+    stream_jobs = _service(["up", "--services", "stream-jobs"], admin, full.name,
+                           passwords[full.name], log)
+    reader = Consumer(consumer_config(admin, group_id=f"test-{uuid.uuid4().hex[:6]}"))
+    reader.assign([TopicPartition(topics.features, p, OFFSET_BEGINNING) for p in (0, 1)])
+    try:
+        worker = _as_user(broker, admin, users["worker"].name, passwords[users["worker"].name])
+        ident = TraceIdentity(job_id="acl-job", worker_id="w-card", node_id="node-card",
+                              start_ms=now_ms() - 10_000)
+        samples = [(topics.metrics, b"w-card", encode_packed(batch))
+                   for batch in slow_grad_sync(ident, seconds=3, latency_ms=20.0)]
+        assert _deliveries(worker, samples) == [None] * len(samples)
+        wait_for(lambda: "not delivered" in log.read_text(errors="replace"), 120,
+                 what="the metrics job's refused card report")
+        # revoking Describe too would hide the topic; Write alone is what was missing
+        apply_users(broker.client_config(), [full], passwords)
+        told: list[FeatureEvent] = []
+
+        def card_told() -> bool:
+            assert stream_jobs.poll() is None, _tail(log)
+            message = reader.poll(0.5)
+            if message is not None and not message.error():
+                event = decode(message.value(), FeatureEvent)
+                if "card_workers" in event.features:
+                    told.append(event)
+            return bool(told)
+
+        try:
+            wait_for(card_told, 120, interval_s=0, what="the card job's word to the worker")
+        except BaseException:
+            print("--- stream-jobs, last lines", _tail(log), sep="\n")
+            raise
+        assert told[0].identity.worker_id == "w-card"
+        assert told[0].features["card_workers"] == 1.0
+    finally:
+        stop_stack(stream_jobs)
+        reader.close()
+    assert "Crashed" not in log.read_text(errors="replace"), _tail(log)
 
 
 # --- key rotation -------------------------------------------------------------------------
