@@ -362,7 +362,7 @@ def test_a_delivery_the_broker_refuses_holds_the_batch_until_it_is_taken(
         samples = [(topics.metrics, b"w-card", encode_packed(batch))
                    for batch in slow_grad_sync(ident, seconds=3, latency_ms=20.0)]
         assert _deliveries(worker, samples) == [None] * len(samples)
-        wait_for(lambda: "not delivered" in log.read_text(errors="replace"), 120,
+        wait_for(lambda: "TopicAuthorizationFailed" in log.read_text(errors="replace"), 120,
                  what="the metrics job's refused card report")
         # revoking Describe too would hide the topic; Write alone is what was missing
         apply_users(broker.client_config(), [full], passwords)
