@@ -136,15 +136,20 @@ def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
 
 
 def _checked(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.ndarray:
-    """The column's bounds, as the model's field states them. NaN (null) compares false
-    with every bound, so nulls pass without being filtered out first."""
+    """The column's bounds, as the model's field states them, from its least and greatest
+    value. NaN (null) compares false with every bound and ``fmin``/``fmax`` pass over it,
+    so nulls pass without being filtered out first."""
+    if not array.size:
+        return array
     if rule.lower is not None:
         bound, inclusive = rule.lower
-        if (array < bound).any() if inclusive else (array <= bound).any():
+        least = np.fmin.reduce(array)
+        if least < bound if inclusive else least <= bound:
             raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
     if rule.upper is not None:
         bound, inclusive = rule.upper
-        if (array > bound).any() if inclusive else (array >= bound).any():
+        greatest = np.fmax.reduce(array)
+        if greatest > bound if inclusive else greatest >= bound:
             raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
     return array
 
@@ -180,12 +185,13 @@ def _packed(kind: str, name: str, value: dict, rule: _FieldRule, n: int) -> np.n
         raise _fail(kind, name, f"columns of one kind must have equal lengths ({n})")
     # A read-only view of the bytes where the dtype is already the column's: no copy.
     array = np.frombuffer(raw, dtype=dtype).astype(rule.dtype, copy=False)
-    if rule.dtype is np.float64:
-        if not rule.nullable and np.isnan(array).any():
+    if rule.dtype is np.float64 and not (rule.nullable or np.isfinite(array).all()):
+        if np.isnan(array).any():
             raise _fail(kind, name, "null where a number is required")
+        raise _fail(kind, name, "values must be finite")
+    if rule.dtype is np.float64 and rule.nullable and np.isinf(array).any():
         # JSON has no infinity, so a list never carries one; packed bytes must not either.
-        if np.isinf(array).any():
-            raise _fail(kind, name, "values must be finite")
+        raise _fail(kind, name, "values must be finite")
     return _checked(kind, name, array, rule)
 
 

@@ -77,11 +77,17 @@ def log_slope(steps: np.ndarray, norms: np.ndarray) -> float | None:
     Non-finite and non-positive norms are left out; None below three usable points.
     """
     usable = np.isfinite(norms) & (norms > 0)
-    x, y = steps[usable].astype(np.float64), np.log(norms[usable])
-    if x.size < 3 or np.ptp(x) == 0:
+    if not usable.all():
+        steps, norms = steps[usable], norms[usable]
+    if norms.size < 3:
         return None
-    x_centered = x - x.mean()
-    return float((x_centered * (y - y.mean())).sum() / (x_centered * x_centered).sum())
+    x = steps.astype(np.float64)
+    x_centered = x - np.add.reduce(x) / x.size
+    spread = float(x_centered @ x_centered)
+    if spread == 0:
+        return None
+    y = np.log(norms)
+    return float(x_centered @ (y - np.add.reduce(y) / y.size) / spread)
 
 
 def z_score(value: float, window: np.ndarray) -> float:
@@ -133,7 +139,8 @@ def jump_count(values: np.ndarray, ratio: float) -> int:
     usable = values[np.isfinite(values) & (values > 0)]
     if usable.size < 2:
         return 0
-    return int((np.abs(np.diff(np.log(usable))) >= np.log(ratio)).sum())
+    logs = np.log(usable)
+    return int(np.count_nonzero(np.abs(logs[1:] - logs[:-1]) >= math.log(ratio)))
 
 
 def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:

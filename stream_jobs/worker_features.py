@@ -237,53 +237,67 @@ def _steps(window: StepWindow, frame: Frame, config: FeatureConfig,
     # A micro-step's sample (the loop accumulating gradients) carries its backward's norm
     # and is not a step of its own.
     micro = frame["grad_norm_source"] == MICRO_STEP
-    steps_total = window.steps_total + int(frame["step"].size - micro.sum())
+    micro_count = int(np.count_nonzero(micro))
+    steps_total = window.steps_total + int(frame["step"].size) - micro_count
     out["steps_total"] = float(steps_total)
-    step_time_s_total, last_step = _step_time(window, frame, ~micro)
+    step_time_s_total, last_step = _step_time(window, frame, ~micro if micro_count else None)
     if step_time_s_total != window.step_time_s_total:
         out["step_time_s_total"] = step_time_s_total
-    norms = frame["grad_norm"]
+    norms, steps = frame["grad_norm"], frame["step"]
     has_norm = np.isfinite(norms)
+    new_count = int(np.count_nonzero(has_norm))
+    if new_count < norms.size:
+        norms, steps = norms[has_norm], steps[has_norm]
     new = StepWindow(
         steps_total=steps_total,
-        grad_norm_steps=_tail(window.grad_norm_steps, frame["step"][has_norm], size),
-        grad_norms=_tail(window.grad_norms, norms[has_norm], size),
+        grad_norm_steps=_tail(window.grad_norm_steps, steps, size),
+        grad_norms=_tail(window.grad_norms, norms, size),
         grad_nonfinite_flags=_tail(window.grad_nonfinite_flags,
-                                   frame["grad_nonfinite"].astype(np.int8), size),
+                                   frame["grad_nonfinite"][-size:].astype(np.int8), size),
         loss_nonfinite_flags=_tail(window.loss_nonfinite_flags,
-                                   frame["loss_nonfinite"].astype(np.int8), size),
+                                   frame["loss_nonfinite"][-size:].astype(np.int8), size),
         step_time_s_total=step_time_s_total, last_sampled_step=last_step,
     )
     out["grad_nonfinite_count"] = float(sum(new.grad_nonfinite_flags))
     out["loss_nonfinite_count"] = float(sum(new.loss_nonfinite_flags))
     if not new.grad_norms:
         return new
-    window_norms = np.asarray(new.grad_norms)
+    # The window as arrays: the new values themselves where they fill it.
+    if new_count >= size:
+        window_norms, window_steps = norms[-size:], steps[-size:]
+    else:
+        window_norms, window_steps = np.asarray(new.grad_norms), np.asarray(new.grad_norm_steps)
     out["grad_norm"] = float(window_norms[-1])
     out["grad_norm_jumps"] = float(stats.jump_count(
         window_norms[-(config.jump_window_steps + 1):], config.jump_ratio))
     out["grad_norm_spike_z"] = stats.spike_z(
-        window_norms, int(has_norm.sum()), config.grad_window_steps,
-        config.spike_min_window_steps)
-    slope = stats.log_slope(np.asarray(new.grad_norm_steps), window_norms)
+        window_norms, new_count, config.grad_window_steps, config.spike_min_window_steps)
+    slope = stats.log_slope(window_steps, window_norms)
     if slope is not None:
         out["grad_norm_log_slope"] = slope
     return new
 
 
-def _step_time(window: StepWindow, frame: Frame, sampled: np.ndarray) -> tuple[float, int | None]:
+def _step_time(window: StepWindow, frame: Frame,
+               sampled: np.ndarray | None) -> tuple[float, int | None]:
     """The step time covered so far, and the last sampled step: a step sample's step time
-    is the mean over the steps since the sample before, so it covers that many steps."""
-    steps = frame["step"][sampled].astype(np.int64)
+    is the mean over the steps since the sample before, so it covers that many steps.
+    ``sampled``: the samples that are steps (None: all of them)."""
+    steps, times_ms = frame["step"], frame["step_time_ms"]
+    if sampled is not None:
+        steps, times_ms = steps[sampled], times_ms[sampled]
     if not steps.size:
         return window.step_time_s_total, window.last_sampled_step
     before = window.last_sampled_step
-    previous = np.concatenate(([steps[0] if before is None else before], steps[:-1]))
-    covered = np.maximum(steps - previous, 0)
-    times_ms = frame["step_time_ms"][sampled]
+    covered = np.empty_like(steps)
+    covered[0] = 0 if before is None else steps[0] - before
+    np.subtract(steps[1:], steps[:-1], out=covered[1:])
+    np.maximum(covered, 0, out=covered)
     known = np.isfinite(times_ms)
-    added_s = ms_to_s(float(np.sum(times_ms[known] * covered[known])))
-    return window.step_time_s_total + added_s, int(steps[-1])
+    if not known.all():
+        times_ms, covered = times_ms[known], covered[known]
+    added_ms = float(times_ms @ covered)
+    return window.step_time_s_total + ms_to_s(added_ms), int(steps[-1])
 
 
 def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
