@@ -82,7 +82,7 @@ def register_metrics_job(
         # Outputs first, state second: a crash in between replays the batch, which derives
         # the same outputs under the same ids (deduplicated downstream).
         await delivered(sends)
-        job.save(result.states)
+        job.save_batch(result)
         instruments.batch_done(started_s, len(records), result)
 
     guard = batch_guard(app, "metrics-job", topics.dead_letters,

@@ -55,6 +55,10 @@ class JobCounters:
     gpu_profiles_out: int = 0
     card_reports_out: int = 0
 
+    def add(self, other: JobCounters) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
 
 def derived_event_id(*parts: object) -> str:
     """A deterministic id: re-deriving the same output after a replay gives the same id."""
@@ -68,7 +72,8 @@ class BatchResult:
     contribution per GPU and worker), ``per_gpu`` (the feature events per GPU of workers
     on several), ``card_reports`` (to the card job), and the worker states to save once
     they are out. ``derived``: per worker, the features of each of its records, for
-    telemetry."""
+    telemetry. ``counters``: what the batch counted, for the job's counters once it is
+    saved (a batch handled again after a failed delivery counts once)."""
 
     per_record: list[Output] = field(default_factory=list)
     gpu_profiles: list[Output] = field(default_factory=list)
@@ -78,6 +83,7 @@ class BatchResult:
     derived: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     recovery_times_s: list[np.ndarray] = field(default_factory=list)
     dead_letter_reasons: list[str] = field(default_factory=list)
+    counters: JobCounters = field(default_factory=JobCounters)
 
     @property
     def outputs(self) -> list[Output]:
@@ -152,12 +158,20 @@ class MetricsJob:
         batch = self.start_batch(batch_ms)
         for record in records:
             batch.add(record)
-        return batch.finish()
+        result = batch.finish()
+        self.counters.add(result.counters)
+        return result
 
     def save(self, states: dict[str, WorkerState]) -> None:
         """Keeps the states of a batch or a liveness check; call once its outputs are out."""
         for worker, state in states.items():
             self.states[worker] = state
+
+    def save_batch(self, result: BatchResult) -> None:
+        """Keeps a batch's states and adds what it counted; call once its outputs are out
+        (for a batch from ``start_batch``: ``process`` counts its batch itself)."""
+        self.save(result.states)
+        self.counters.add(result.counters)
 
     def save_lost(self, result: LivenessResult) -> None:
         """Keeps the lost workers' states once their events are out, except where a batch
@@ -225,7 +239,6 @@ class MetricsJob:
         return Output(self.topics.features, identity.worker_id.encode(), event)
 
     def dead_letter_output(self, record: Record, reason: str) -> Output:
-        self.counters.dead_letters += 1
         return Output(self.topics.dead_letters, record.topic.encode(),
                       record.dead_letter(reason))
 
@@ -243,7 +256,8 @@ class MetricsBatch:
 
     def add(self, record: Record) -> Output | None:
         job, result = self._job, self._result
-        job.counters.messages_in += 1
+        counters = result.counters
+        counters.messages_in += 1
         if record.offset > job.processed_through.get(record.partition, -1):
             job.processed_through[record.partition] = record.offset
         try:
@@ -255,7 +269,7 @@ class MetricsBatch:
                 record, f"invalid MetricBatch: undecodable: {type(exc).__name__}: {exc}")
         batch, frames = decoded.header, decoded.frames
         worker = batch.identity.worker_id
-        job.counters.samples_in += decoded.sample_count()
+        counters.samples_in += decoded.sample_count()
         state = result.states.get(worker) or job.states.get(worker) or WorkerState()
         update, problem = finite.checked_update(
             state, frames, record.partition, record.offset, self._batch_ms, job.config,
@@ -263,7 +277,7 @@ class MetricsBatch:
         if problem is not None:
             return self._dead_letter(record, problem)
         if update.skipped:
-            job.counters.replayed_skipped += 1
+            counters.replayed_skipped += 1
             return None
         if "recovery" in frames:
             result.recovery_times_s.append(frames["recovery"]["recovery_time_s"])
@@ -288,7 +302,7 @@ class MetricsBatch:
                                     update.state)
         result.per_record.append(output)
         result.derived.setdefault(worker, []).append(update.features)
-        job.counters.features_out += 1
+        counters.features_out += 1
         return output
 
     def _tell_cards(self, state: WorkerState, named: str | None,
@@ -310,11 +324,12 @@ class MetricsBatch:
                 throttled=item.throttled)
             self._result.card_reports.append(
                 Output(job.topics.gpu_cards, item.gpu_uuid.encode(), report))
-        job.counters.card_reports_out += len(news)
+        self._result.counters.card_reports_out += len(news)
         return replace(state, cards=cards) if news else state
 
     def _dead_letter(self, record: Record, reason: str) -> Output:
         output = self._job.dead_letter_output(record, reason)
+        self._result.counters.dead_letters += 1
         self._result.per_record.append(output)
         self._result.dead_letter_reasons.append(reason)
         return output
@@ -333,7 +348,7 @@ class MetricsBatch:
                 samples=contribution.samples,
             )
             self._result.gpu_profiles.append(Output(topic, f"{uuid}/{worker}".encode(), profile))
-        self._job.counters.gpu_profiles_out += len(self._gpus)
+        self._result.counters.gpu_profiles_out += len(self._gpus)
         self._result.per_gpu = list(self._per_gpu.values())
-        self._job.counters.features_out += len(self._per_gpu)
+        self._result.counters.features_out += len(self._per_gpu)
         return self._result

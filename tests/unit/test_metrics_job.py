@@ -80,6 +80,26 @@ def test_a_replayed_batch_gives_nothing_and_counts_nothing_twice() -> None:
     assert states["worker-000"].episodes.episodes_total == 40
 
 
+def test_a_batch_handled_again_after_a_failed_delivery_counts_once() -> None:
+    """The agent handles a batch again until its outputs are delivered; only the
+    delivered handling is saved and counted."""
+    batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=20)
+    records = [Record(TOPICS.metrics, 0, 99, b"worker-000", b"{not json"), *_records(batches)]
+    job = MetricsJob(TOPICS, {})
+    for _attempt in range(3):
+        batch = job.start_batch(_now_ms(batches))
+        for record in records:
+            batch.add(record)
+        result = batch.finish()
+        assert job.counters.messages_in == 0  # not delivered: nothing saved or counted
+    job.save_batch(result)
+    counted = job.counters
+    assert (counted.messages_in, counted.dead_letters) == (len(records), 1)
+    assert counted.features_out == len(batches) == result.counters.features_out
+    assert counted.samples_in == result.counters.samples_in > 0
+    assert job.states["worker-000"].identity == IDENTITY.worker()
+
+
 def test_bad_records_are_dead_lettered_with_their_reason_and_the_batch_goes_on() -> None:
     batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.01, steps=20)
     bad = Record(TOPICS.metrics, 2, 7, b"worker-000", b"{not json")
