@@ -29,9 +29,13 @@ from dsec.schemas.alerts import GpuHealthEvent
 from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
 from dsec.schemas.settings import DsecSettings
 
-__all__ = ["read_topic_history", "topic_history"]
+__all__ = ["GROUP_PREFIX", "read_topic_history", "topic_history"]
 
 log = logging.getLogger(__name__)
+
+# The consumer is assigned its partitions and never joins or commits to its group, but
+# the broker still checks the name against the user's group ACLs: the placement user's.
+GROUP_PREFIX = "dsec-placement-reader-history"
 
 
 class _Events(BatchWriter[Sequence[Message]]):
@@ -62,7 +66,7 @@ def read_topic_history(settings: DsecSettings, timeout_s: float = 30.0) -> Place
                                topics.workload_affinity: WorkloadAffinityEvent,
                                topics.gpu_health: GpuHealthEvent,
                                topics.gpu_topology: GpuTopologyEvent}
-    group = f"dsec-placement-history-{uuid.uuid4().hex[:8]}"  # assigned: never joins it
+    group = f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"
     read = _Events(models)
     loop = ConsumerLoop(
         ConsumerLoopConfig(tuple(models), group, poll_timeout_s=0.2, start=Start.BEGINNING,

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from dsec.infra.kafka_acls import CONSUME, PRODUCE, dsec_users, helm_acls, strimzi_users
+from dsec.placement.topic_history import GROUP_PREFIX
 from dsec.schemas import topic_names
 
 CHART = Path(__file__).parents[2] / "infra" / "helm" / "dsec"
@@ -41,6 +42,12 @@ def test_every_topic_has_a_writer_and_a_reader() -> None:
         assert _who("Read", topic), field
     t = topic_names("p")
     assert _who("Write", t.gpu_cards) == _who("Read", t.gpu_cards) == {"stream-jobs"}
+
+
+def test_the_placement_history_reader_is_in_a_group_the_placement_user_may_read() -> None:
+    placement = dsec_users("p")["placement"]
+    assert any(acl.resource == "group" and acl.pattern == "prefix" and "Read" in acl.operations
+               and f"{GROUP_PREFIX}-0a1b2c3d".startswith(acl.name) for acl in placement.acls)
 
 
 def test_chart_values_hold_the_same_acls() -> None:
