@@ -50,6 +50,21 @@ def pipeline(
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
 
 
+@bench_app.command("store-layout")
+def store_layout(
+    messages: Annotated[int, typer.Option(min=2)] = 400,
+    samples_per_message: Annotated[int, typer.Option(min=1)] = 1000,
+    batch_messages: Annotated[int, typer.Option(min=1, help="Messages per insert.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The raw samples' storage, one row per sample against one row per message."""
+    from dsec.bench.store_layout import StoreLayoutOptions, run_store_layout_bench
+
+    options = StoreLayoutOptions(messages=messages, samples_per_message=samples_per_message,
+                                 batch_messages=batch_messages)
+    _print(run_store_layout_bench(options), as_json, "dsec bench store-layout")
+
+
 @bench_app.command("reaction")
 def reaction(
     trials: Annotated[int, typer.Option(min=1, help="Measured trials.")] = 30,

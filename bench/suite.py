@@ -19,8 +19,8 @@ from pathlib import Path
 
 from dsec.bench import PIPELINE_SAMPLES
 
-PARTS = ("probe_overhead", "pipeline", "snapshot", "policy_eval", "reaction", "compression",
-         "goodput")
+PARTS = ("probe_overhead", "pipeline", "store_layout", "snapshot", "policy_eval", "reaction",
+         "compression", "goodput")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def part_arguments(part: str, options: SuiteOptions, bootstrap: str) -> list[str
                            "--block-pairs", str(options.probe_block_pairs)],
         "pipeline": ["bench", "pipeline", "--json", "--bootstrap", bootstrap,
                      "--samples", str(options.pipeline_samples)],
+        "store_layout": ["bench", "store-layout", "--json"],
         "snapshot": ["bench", "snapshot", "--json", "--steps", str(options.snapshot_steps)],
         "policy_eval": ["bench", "policy-eval", "--json",
                         "--targets", str(options.policy_targets)],

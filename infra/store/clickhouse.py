@@ -99,7 +99,7 @@ def schema_statements(ttl_days: int) -> list[str]:
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
-def _clickhouse_type(name: str, dtype: object) -> str:
+def sample_column_type(name: str, dtype: object) -> str:
     """A sample field's column type and codec: counters that climb by delta, other
     integers by T64, measured values by ZSTD (on noisy floats it packs tighter than
     Gorilla), all before ZSTD; labels as dictionaries."""
@@ -126,7 +126,7 @@ def raw_table_statements(ttl_days: int) -> list[str]:
         if "gpu_uuid" not in fields:
             columns.append("gpu_uuid LowCardinality(String)")
         columns += [
-            f"{name} {_clickhouse_type(name, dtype)}"
+            f"{name} {sample_column_type(name, dtype)}"
             for name, dtype in fields.items() if name != "event_time_ms"
         ]
         columns.append(f"ingest_time DateTime64(3, 'UTC') DEFAULT now64(3) {_TIME_CODEC}")
@@ -165,7 +165,7 @@ def _add_missing_raw_columns(client: Client) -> None:
         for name, dtype in fields.items():
             if name != "event_time_ms" and (table, name) not in existing:
                 client.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
-                               f"{_clickhouse_type(name, dtype)}")
+                               f"{sample_column_type(name, dtype)}")
 
 
 def ensure_schema(client: Client, ttl_days: int = 30) -> None:
