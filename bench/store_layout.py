@@ -11,8 +11,11 @@ store's layout against one row per probe message, on the same messages, side by 
 Both are embedded ClickHouse engines in this process (chDB), in databases of their own,
 and take the same batches of the same messages, each layout's batches alternating with the
 other's. For each it prints the CPU seconds per million samples to build the Arrow tables
-and to insert them (the process's CPU time, ClickHouse's threads included), and the bytes
-on disk per sample from ``system.parts`` after ``OPTIMIZE … FINAL``.
+and to insert them (the process's CPU time, ClickHouse's threads included), the bytes on
+disk per sample from ``system.parts`` after ``OPTIMIZE … FINAL``, and the median time of
+per-sample reads (``QUERIES``), the same SQL on both: on the per-message layout they read
+views named as the raw tables, which give one row per sample by ``ARRAY JOIN``. Whether
+both layouts gave the same answers is printed too.
 """
 
 from __future__ import annotations
@@ -28,16 +31,24 @@ import pyarrow as pa
 
 from dsec.bench.traces import TraceIdentity, training_batch
 from dsec.infra.store.clickhouse import connect, raw_table_statements, sample_column_type
-from dsec.infra.store.raw_columns import IDENTITY_COLUMNS, RawColumnsBuilder
+from dsec.infra.store.raw_columns import IDENTITY_COLUMNS, RawColumnsBuilder, raw_table_name
 from dsec.schemas import now_ms
 from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
 from dsec.schemas.frames import FIELD_DTYPES
 from dsec.schemas.metrics import encode_packed
 
 __all__ = ["StoreLayoutOptions", "message_table_statements", "message_tables", "probe_messages",
-           "run_store_layout_bench"]
+           "run_store_layout_bench", "sample_view_statements"]
 
 LAYOUTS = ("per_sample", "per_message")
+# per-sample reads, the same text on both layouts (``{db}``: the layout's database)
+QUERIES = {
+    "all_workers": "SELECT worker_id, count(), round(avg(loss), 6), max(grad_norm) "
+                   "FROM {db}.raw_step GROUP BY worker_id ORDER BY worker_id",
+    "one_worker": "SELECT count(), round(avg(grad_norm), 6), max(event_time), max(seq) "
+                  "FROM {db}.raw_step WHERE worker_id = 'worker-001'",
+}
+QUERY_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,30 @@ def message_table_statements(ttl_days: int = 30) -> list[str]:
             "ORDER BY (job_id, worker_id, event_time) "
             f"TTL toDateTime(event_time) + INTERVAL {int(ttl_days)} DAY "
             "SETTINGS non_replicated_deduplication_window = 10000")
+    return statements
+
+
+def sample_view_statements(database: str | None = None) -> list[str]:
+    """Per kind, a view named as the raw table that gives the per-message table's rows one
+    row per sample (``ARRAY JOIN``), with the raw table's columns (``ingest_time`` aside);
+    ``database``: the per-message tables' own, when not the current one."""
+    within = f"{database}." if database else ""
+    statements = []
+    for kind, fields in FIELD_DTYPES.items():
+        joined = ["times_ms AS sample_time_ms", "arrayEnumerate(times_ms) AS sample_number"]
+        columns = ["fromUnixTimestamp64Milli(sample_time_ms, 'UTC') AS event_time",
+                   "toUInt32(sample_number - 1) AS seq", *IDENTITY_COLUMNS]
+        if "gpu_uuid" not in fields:
+            columns.append("gpu_uuid")
+        for name in fields:
+            if name == "event_time_ms":
+                continue
+            array = _array_name(name)
+            joined.append(name if array == name else f"{array} AS {name}")
+            columns.append(name)
+        statements.append(
+            f"CREATE VIEW IF NOT EXISTS {raw_table_name(kind)} AS SELECT {', '.join(columns)} "
+            f"FROM {within}{message_table_name(kind)} ARRAY JOIN {', '.join(joined)}")
     return statements
 
 
@@ -142,6 +177,17 @@ def probe_messages(options: StoreLayoutOptions) -> list[DecodedBatch]:
         for index in range(options.messages)]
 
 
+def _median_ms(client, sql: str) -> float:
+    """The median wall time of ``QUERY_RUNS`` runs, after one not counted."""
+    client.query(sql)
+    times_ms = []
+    for _ in range(QUERY_RUNS):
+        started = time.perf_counter()
+        client.query(sql)
+        times_ms.append(1e3 * (time.perf_counter() - started))
+    return float(np.median(times_ms))
+
+
 def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None) -> dict:
     decoded = probe_messages(options)
     samples = sum(batch.sample_count() for batch in decoded)
@@ -151,7 +197,8 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
         "per_sample": _per_sample_tables, "per_message": message_tables}
     statements = {"per_sample": [s for s in raw_table_statements(30)
                                  if s.startswith("CREATE TABLE")],
-                  "per_message": message_table_statements(30)}
+                  "per_message": [*message_table_statements(30),
+                                  *sample_view_statements("per_message")]}
     with tempfile.TemporaryDirectory(dir=work) as store:
         client = connect(f"chdb://{store}")
         for layout in LAYOUTS:
@@ -190,6 +237,14 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
                 "bytes_per_sample": round(stored_bytes / samples, 2),
                 "rows": int(rows),
             }
+        answers = {}
+        for layout in LAYOUTS:
+            for name, sql in QUERIES.items():
+                text = sql.format(db=layout)
+                answers[(layout, name)] = client.query(text).result_rows
+                result[layout][f"{name}_query_ms"] = round(_median_ms(client, text), 2)
+        result["query_answers_match"] = all(
+            answers[("per_sample", name)] == answers[("per_message", name)] for name in QUERIES)
         client.close()
     per_sample, per_message = result["per_sample"], result["per_message"]
     result["insert_cpu_ratio"] = round(per_message["insert_cpu_s_per_million_samples"]
@@ -199,6 +254,9 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
          + per_message["insert_cpu_s_per_million_samples"])
         / (per_sample["build_cpu_s_per_million_samples"]
            + per_sample["insert_cpu_s_per_million_samples"]), 3)
+    for name in QUERIES:
+        result[f"{name}_query_ratio"] = round(per_message[f"{name}_query_ms"]
+                                              / max(per_sample[f"{name}_query_ms"], 1e-3), 3)
     result["bytes_ratio"] = round(per_message["bytes_per_sample"]
                                   / per_sample["bytes_per_sample"], 3)
     return result

@@ -12,6 +12,7 @@ from dsec.bench.store_layout import (
     message_tables,
     probe_messages,
     run_store_layout_bench,
+    sample_view_statements,
 )
 from dsec.infra.store.clickhouse import connect
 from dsec.schemas.frames import FIELD_DTYPES
@@ -31,16 +32,23 @@ def test_a_message_row_holds_its_samples_as_arrays() -> None:
         assert row["event_time"].timestamp() * 1000 == frame["event_time_ms"][0]
 
 
-def test_every_kind_has_a_message_table_that_takes_its_rows(tmp_path) -> None:
+def test_every_kind_has_a_message_table_and_a_per_sample_view_over_it(tmp_path) -> None:
     client = connect(f"chdb://{tmp_path / 'ch'}")
-    for statement in message_table_statements():
+    for statement in [*message_table_statements(), *sample_view_statements()]:
         client.command(statement)
     decoded = probe_messages(StoreLayoutOptions(messages=4, samples_per_message=25, workers=2))
     client.insert_arrow("msg_step", message_tables(decoded)["msg_step"])
     assert client.query("SELECT count(), sum(length(loss)) FROM msg_step").result_rows == [
         (4, 100)]
+    first = decoded[0].frames["step"]
+    assert client.query(
+        "SELECT seq, toUnixTimestamp64Milli(event_time), loss, worker_id FROM raw_step "
+        "WHERE seq IN (0, 24) AND worker_id = 'worker-000' ORDER BY event_time, seq LIMIT 2"
+    ).result_rows == [(0, int(first["event_time_ms"][0]), float(first["loss"][0]), "worker-000"),
+                      (24, int(first["event_time_ms"][24]), float(first["loss"][24]),
+                       "worker-000")]
     tables = {row[0] for row in client.query("SHOW TABLES").result_rows}
-    assert tables == {f"msg_{kind}" for kind in FIELD_DTYPES}
+    assert tables == {f"{prefix}_{kind}" for kind in FIELD_DTYPES for prefix in ("msg", "raw")}
     client.close()
 
 
@@ -53,3 +61,4 @@ def test_the_bench_stores_the_same_samples_in_both_layouts(tmp_path) -> None:
         assert result[layout]["bytes_per_sample"] > 0
         assert result[layout]["insert_cpu_s_per_million_samples"] > 0
     assert result["insert_cpu_ratio"] > 0 and result["bytes_ratio"] > 0
+    assert result["query_answers_match"] is True
