@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from dsec.bench.pipeline import _child_pids, _cpu_s, _per_million
+from dsec.bench.pipeline import _child_pids, _cpu_s, _per_million, _ratio
+from dsec.bench.pipeline_limit import consume_batch
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 
@@ -18,6 +19,12 @@ def test_cpu_per_million_samples() -> None:
     assert _per_million(0.5, 2_000_000) == 0.25
     assert _per_million(None, 1_000) is None
     assert _per_million(1.0, 0) is None
+
+
+def test_a_short_run_is_read_in_ten_batches_at_least_and_an_untimed_side_has_no_ratio() -> None:
+    assert [consume_batch(n) for n in (10_000, 500, 5, 50_000)] == [1000, 50, 1, 1000]
+    assert _ratio(1.0, 4.0) == 0.25
+    assert _ratio(0.0, 4.0) is None and _ratio(1.0, 0.0) is None
 
 
 @linux_only
