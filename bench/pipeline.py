@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.pipeline_limit import consume_batch, decoded_columns, limit_rate
-from dsec.bench.traces import TraceIdentity, training_batch
+from dsec.bench.traces import bench_identities, training_batch
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.topics import ensure_topics
@@ -63,9 +63,7 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
     messages = options.samples // options.samples_per_message
     # dated an hour back: inside the stores' event-time window, which refuses the future
     start_ms = now_ms() - 3_600_000
-    identities = [TraceIdentity(job_id="bench", worker_id=f"worker-{w:03d}",
-                                node_id=f"node-{w // 8:02d}", start_ms=start_ms)
-                  for w in range(options.workers)]
+    identities = bench_identities(options.workers, start_ms)
     payloads = {}
     for index in range(messages):
         ident = identities[index % options.workers]

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from dsec.bench.traces import TraceIdentity, training_batch
+from dsec.bench.traces import bench_identities, training_batch
 from dsec.infra.store.clickhouse import connect, raw_table_statements, sample_column_type
 from dsec.infra.store.raw_columns import IDENTITY_COLUMNS, RawColumnsBuilder, raw_table_name
 from dsec.schemas import now_ms
@@ -113,8 +113,8 @@ def _array_type(name: str, dtype: object) -> str:
     if name == "event_time_ms":
         return "Array(Int64) CODEC(DoubleDelta, ZSTD(1))"
     base, _, codec = sample_column_type(name, dtype).partition(" CODEC")
-    base = base.removeprefix("Nullable(").removesuffix(")") if base.startswith(
-        "Nullable(") else base
+    if base.startswith("Nullable("):
+        base = base[len("Nullable("):-1]
     if base == "LowCardinality(String)":
         base = "LowCardinality(Nullable(String))"
     return f"Array({base})" + (f" CODEC{codec}" if codec else "")
@@ -167,10 +167,8 @@ def _per_sample_tables(batches: Sequence[DecodedBatch]) -> dict[str, pa.Table]:
 def probe_messages(options: StoreLayoutOptions) -> list[DecodedBatch]:
     """Distinct probe messages, round-robin over the workers, each decoded as the sink
     decodes it."""
-    start_ms = now_ms() - 3_600_000
-    identities = [TraceIdentity(job_id="bench", worker_id=f"worker-{w:03d}",
-                                node_id=f"node-{w // 8:02d}", start_ms=start_ms)
-                  for w in range(options.workers)]
+    # dated an hour back, as the pipeline bench's: inside the store's event-time window
+    identities = bench_identities(options.workers, now_ms() - 3_600_000)
     return [decode_metric_batch(encode_packed(training_batch(
         identities[index % options.workers], index // options.workers,
         options.samples_per_message, seed=index % options.workers)))
@@ -178,8 +176,7 @@ def probe_messages(options: StoreLayoutOptions) -> list[DecodedBatch]:
 
 
 def _median_ms(client, sql: str) -> float:
-    """The median wall time of ``QUERY_RUNS`` runs, after one not counted."""
-    client.query(sql)
+    """The median wall time of ``QUERY_RUNS`` runs (call it after a run not counted)."""
     times_ms = []
     for _ in range(QUERY_RUNS):
         started = time.perf_counter()
@@ -209,7 +206,6 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
             builders[layout](groups[0])
         build_s = dict.fromkeys(LAYOUTS, 0.0)
         insert_s = dict.fromkeys(LAYOUTS, 0.0)
-        tables: dict[str, list[str]] = {layout: [] for layout in LAYOUTS}
         for number, group in enumerate(groups):
             for layout in (LAYOUTS if number % 2 == 0 else LAYOUTS[::-1]):
                 started = time.process_time()
@@ -219,18 +215,15 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
                 for table, arrow_table in built.items():
                     client.insert_arrow(f"{layout}.{table}", arrow_table, settings={
                         "insert_deduplication_token": f"{layout}-{table}-{number}"})
-                    if table not in tables[layout]:
-                        tables[layout].append(table)
                 insert_s[layout] += time.process_time() - started
         result: dict = {"messages": len(decoded), "samples": samples,
                         "batch_messages": options.batch_messages}
         for layout in LAYOUTS:
-            for table in tables[layout]:
+            parts = f"system.parts WHERE active AND database = '{layout}'"  # tables, not views
+            for (table,) in client.query(f"SELECT DISTINCT table FROM {parts}").result_rows:
                 client.command(f"OPTIMIZE TABLE {layout}.{table} FINAL")
-            names = ", ".join(f"'{t}'" for t in tables[layout])
             stored_bytes, rows = client.query(
-                f"SELECT sum(bytes_on_disk), sum(rows) FROM system.parts WHERE active "
-                f"AND database = '{layout}' AND table IN ({names})").result_rows[0]
+                f"SELECT sum(bytes_on_disk), sum(rows) FROM {parts}").result_rows[0]
             result[layout] = {
                 "build_cpu_s_per_million_samples": round(1e6 * build_s[layout] / samples, 3),
                 "insert_cpu_s_per_million_samples": round(1e6 * insert_s[layout] / samples, 3),
@@ -241,7 +234,7 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
         for layout in LAYOUTS:
             for name, sql in QUERIES.items():
                 text = sql.format(db=layout)
-                answers[(layout, name)] = client.query(text).result_rows
+                answers[(layout, name)] = client.query(text).result_rows  # the warm-up
                 result[layout][f"{name}_query_ms"] = round(_median_ms(client, text), 2)
         result["query_answers_match"] = all(
             answers[("per_sample", name)] == answers[("per_message", name)] for name in QUERIES)

@@ -35,6 +35,13 @@ class TraceIdentity:
         return WorkerIdentity(job_id=self.job_id, worker_id=self.worker_id, node_id=self.node_id)
 
 
+def bench_identities(workers: int, start_ms: int) -> list[TraceIdentity]:
+    """The throughput benchmarks' workers: job ``bench``, eight workers a node."""
+    return [TraceIdentity(job_id="bench", worker_id=f"worker-{w:03d}",
+                          node_id=f"node-{w // 8:02d}", start_ms=start_ms)
+            for w in range(workers)]
+
+
 def _batch(ident: TraceIdentity, second: int, columns: MetricColumns) -> MetricBatch:
     return MetricBatch(
         event_id=f"{ident.worker_id}-{second:08d}".replace("/", "_").ljust(8, "0"),
