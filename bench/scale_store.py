@@ -3,6 +3,9 @@
 bytes on disk per stored sample from ``system.parts`` after merges, and the latency of
 every ready analysis query (``infra/queries/``) and of every Grafana history panel over it.
 
+Raw samples are generated a row per sample into staging tables, then packed into the
+store's message tables, one message per worker and second as the probe sends them.
+
 The generated values: each worker's samples in time order at the probe's rates, counters
 that climb, NVML readings in whole units (memory in whole MiB), the heartbeat's interval
 as configured, and every other measured value a hash-drawn
@@ -18,8 +21,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from dsec.bench.scale_fleet import ProbeRates
+from dsec.bench.store_layout import per_sample_statements
+from dsec.infra.store.raw_columns import array_column_name, raw_message_table_name
 from dsec.schemas.features import WORKER_FEATURES
+from dsec.schemas.frames import FIELD_DTYPES
 
 QUERIES = Path(__file__).resolve().parent.parent / "infra" / "queries"
 DASHBOARDS = Path(__file__).resolve().parent.parent / "infra" / "grafana" / "dashboards"
@@ -69,7 +77,7 @@ class StoreScale:
         return int(self.hours * 3600)
 
     def raw_rows(self) -> dict[str, int]:
-        """Rows per raw table (one per sample)."""
+        """Samples per raw (per-sample) view."""
         r, s, n = self.rates, self.seconds, self.gpus
         return {"raw_step": r.steps_per_s * s * n, "raw_grad_sync": r.grad_syncs_per_s * s * n,
                 "raw_gpu": r.gpu_samples_per_s * s * n,
@@ -177,16 +185,67 @@ def query_latencies_s(client, scale: StoreScale) -> dict[str, dict[str, float]]:
     return {"ready_queries_s": ready, "history_panels_s": panels}
 
 
+def pack_messages(client, view: str) -> float:
+    """Moves the per-sample rows of the staging table ``stage_<view>`` into the view's message
+    table, one row per worker and second (the probe's messages, as ``worker_second``), then
+    drops the staging table; seconds taken."""
+    kind = view.removeprefix("raw_")
+    fields = [name for name in FIELD_DTYPES[kind] if name != "event_time_ms"]
+    per_message = "gpu_uuid" not in FIELD_DTYPES[kind]
+    elements = ", ".join(f"ifNull({name}, nan)" if FIELD_DTYPES[kind][name] is np.float64
+                         else name for name in fields)
+    arrays = ", ".join(f"arrayMap(x -> x.{n + 2}, s)" for n in range(len(fields)))
+    start = time.perf_counter()
+    client.command(
+        f"INSERT INTO {raw_message_table_name(kind)} (event_time, job_id, node_id, worker_id, "
+        f"{'gpu_uuid, ' if per_message else ''}times_ms, "
+        f"{', '.join(array_column_name(name) for name in fields)}) "
+        f"SELECT first_time, job_id, node_id, worker_id, {'gpu, ' if per_message else ''}"
+        f"arrayMap(x -> x.1, s), {arrays} FROM (SELECT min(event_time) AS first_time, "
+        f"job_id, node_id, worker_id, {'any(gpu_uuid) AS gpu, ' if per_message else ''}"
+        "arraySort(x -> x.1, groupArray(tuple(toUnixTimestamp64Milli(event_time), "
+        f"{elements}))) AS s FROM stage_{view} "
+        "GROUP BY job_id, node_id, worker_id, toStartOfSecond(event_time))",
+        settings={"max_partitions_per_insert_block": 1000})
+    client.command(f"DROP TABLE stage_{view}")
+    return time.perf_counter() - start
+
+
+def bytes_per_sample(client, views: list[str]) -> dict[str, dict[str, float]]:
+    """Per raw view after ``OPTIMIZE … FINAL`` of its message table: samples, message rows,
+    bytes on disk, bytes per sample."""
+    out = {}
+    for view in views:
+        table = raw_message_table_name(view.removeprefix("raw_"))
+        client.command(f"OPTIMIZE TABLE {table} FINAL")
+        messages, size = client.query(
+            "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE active "
+            f"AND database = currentDatabase() AND table = '{table}'").result_rows[0]
+        samples = client.query(f"SELECT count() FROM {view}").result_rows[0][0]
+        out[view] = {"samples": int(samples), "message_rows": int(messages),
+                     "bytes_on_disk": int(size),
+                     "bytes_per_sample": round(size / samples, 2) if samples else None}
+    return out
+
+
 def measure_store(client, scale: StoreScale) -> dict:
-    """Generates the history in an empty store and measures it."""
+    """Generates the history in an empty store and measures it: raw samples into staging
+    tables of one row per sample, packed into the store's message tables."""
     raw, history = scale.raw_rows(), scale.history_rows()
+    for view in raw:
+        [statement] = [s for s in per_sample_statements() if f" {view} (" in s]
+        client.command(statement.replace(f" {view} (", f" stage_{view} (", 1))
     generate_s = {}
     for table, rows in {**raw, **history}.items():
         per_event = len(WORKER_FEATURES) if table == "features" else 1
         per_worker_s = scale.seconds / max(1, rows // per_event // scale.gpus)
-        generate_s[table] = round(generate(client, table, rows, scale.gpus, per_worker_s), 2)
-    disk = bytes_on_disk(client, list(raw))
-    samples = sum(entry["rows"] for entry in disk.values())
+        target = f"stage_{table}" if table in raw else table
+        generate_s[table] = generate(client, target, rows, scale.gpus, per_worker_s)
+        if table in raw:
+            generate_s[table] += pack_messages(client, table)
+        generate_s[table] = round(generate_s[table], 2)
+    disk = bytes_per_sample(client, list(raw))
+    samples = sum(entry["samples"] for entry in disk.values())
     return {
         "gpus": scale.gpus, "hours": scale.hours, "rows": {**raw, **history},
         "generate_s": generate_s, "raw_tables": disk,

@@ -1,25 +1,26 @@
 """``dsec bench store-layout``: what the raw samples cost to insert and to keep in the
-store's layout against one row per probe message, on the same messages, side by side.
+store's layout against one row per sample, on the same messages, side by side.
 
-- ``per_sample``: the store's raw tables as the sink writes them (``raw_table_statements``
-  and ``RawColumnsBuilder``): one row per sample, sorted by job, worker and time, each
-  column compressed by its codec.
-- ``per_message``: one row per probe message and sample kind, the message's identity once
-  and each field's samples as an array (``Array(T)`` with the same codecs), sorted the
-  same way by the message's first sample time.
+- ``per_message``: the store's raw tables as the sink writes them (``raw_schema`` and
+  ``RawColumnsBuilder``): one row per probe message and sample kind, the message's identity
+  once and each field's samples as an array under its codec, read through the per-sample
+  views named as the raw tables.
+- ``per_sample``: one row per sample (``per_sample_statements`` and ``per_sample_tables``),
+  sorted by job, worker and time, each column compressed by the same codec: the layout a
+  store keeps for a kind it had before ``raw_schema``.
 
 Both are embedded ClickHouse engines in this process (chDB), in databases of their own,
 and take the same batches of the same messages, each layout's batches alternating with the
 other's. For each it prints the CPU seconds per million samples to build the Arrow tables
 and to insert them (the process's CPU time, ClickHouse's threads included), the bytes on
 disk per sample from ``system.parts`` after ``OPTIMIZE … FINAL``, and the median time of
-per-sample reads (``QUERIES``), the same SQL on both: on the per-message layout they read
-views named as the raw tables, which give one row per sample by ``ARRAY JOIN``. Whether
-both layouts gave the same answers is printed too.
+per-sample reads (``QUERIES``), the same SQL on both. Whether both layouts gave the same
+answers is printed too.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,15 +31,20 @@ import numpy as np
 import pyarrow as pa
 
 from dsec.bench.traces import bench_identities, training_batch
-from dsec.infra.store.clickhouse import connect, raw_table_statements, sample_column_type
+from dsec.infra.store.clickhouse import connect
 from dsec.infra.store.raw_columns import IDENTITY_COLUMNS, RawColumnsBuilder, raw_table_name
+from dsec.infra.store.raw_schema import (
+    message_table_statement,
+    sample_column_type,
+    sample_view_statement,
+)
 from dsec.schemas import now_ms
 from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
 from dsec.schemas.frames import FIELD_DTYPES
 from dsec.schemas.metrics import encode_packed
 
-__all__ = ["StoreLayoutOptions", "message_table_statements", "message_tables", "probe_messages",
-           "run_store_layout_bench", "sample_view_statements"]
+__all__ = ["StoreLayoutOptions", "per_sample_statements", "per_sample_tables", "probe_messages",
+           "run_store_layout_bench"]
 
 LAYOUTS = ("per_sample", "per_message")
 # per-sample reads, the same text on both layouts (``{db}``: the layout's database)
@@ -59,23 +65,22 @@ class StoreLayoutOptions:
     batch_messages: int = 100  # messages per insert, as a sink batch
 
 
-def message_table_name(kind: str) -> str:
-    return f"msg_{kind}"
-
-
-def message_table_statements(ttl_days: int = 30) -> list[str]:
-    """One table per sample kind, one row per message: the raw tables' codecs on arrays."""
+def per_sample_statements(ttl_days: int = 30) -> list[str]:
+    """One table per sample kind, one row per sample, the store's codecs: the raw tables
+    of a store made before ``raw_schema``."""
     statements = []
     for kind, fields in FIELD_DTYPES.items():
         columns = ["event_time DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))",
-                   *(f"{name} LowCardinality(String)" for name in IDENTITY_COLUMNS),
-                   "message_id String CODEC(ZSTD(1))"]
+                   "seq UInt32 CODEC(T64, ZSTD(1))",
+                   *(f"{name} LowCardinality(String)" for name in IDENTITY_COLUMNS)]
         if "gpu_uuid" not in fields:
             columns.append("gpu_uuid LowCardinality(String)")
-        columns += [f"{_array_name(name)} {_array_type(name, dtype)}"
-                    for name, dtype in fields.items()]
+        columns += [f"{name} {sample_column_type(name, dtype)}"
+                    for name, dtype in fields.items() if name != "event_time_ms"]
+        columns.append("ingest_time DateTime64(3, 'UTC') DEFAULT now64(3) "
+                       "CODEC(DoubleDelta, ZSTD(1))")
         statements.append(
-            f"CREATE TABLE IF NOT EXISTS {message_table_name(kind)} ({', '.join(columns)}) "
+            f"CREATE TABLE IF NOT EXISTS {raw_table_name(kind)} ({', '.join(columns)}) "
             "ENGINE = MergeTree PARTITION BY toDate(event_time) "
             "ORDER BY (job_id, worker_id, event_time) "
             f"TTL toDateTime(event_time) + INTERVAL {int(ttl_days)} DAY "
@@ -83,81 +88,43 @@ def message_table_statements(ttl_days: int = 30) -> list[str]:
     return statements
 
 
-def sample_view_statements(database: str | None = None) -> list[str]:
-    """Per kind, a view named as the raw table that gives the per-message table's rows one
-    row per sample (``ARRAY JOIN``), with the raw table's columns (``ingest_time`` aside);
-    ``database``: the per-message tables' own, when not the current one."""
-    within = f"{database}." if database else ""
-    statements = []
-    for kind, fields in FIELD_DTYPES.items():
-        joined = ["times_ms AS sample_time_ms", "arrayEnumerate(times_ms) AS sample_number"]
-        columns = ["fromUnixTimestamp64Milli(sample_time_ms, 'UTC') AS event_time",
-                   "toUInt32(sample_number - 1) AS seq", *IDENTITY_COLUMNS]
-        if "gpu_uuid" not in fields:
-            columns.append("gpu_uuid")
-        for name in fields:
-            if name == "event_time_ms":
-                continue
-            array = _array_name(name)
-            joined.append(name if array == name else f"{array} AS {name}")
-            columns.append(name)
-        statements.append(
-            f"CREATE VIEW IF NOT EXISTS {raw_table_name(kind)} AS SELECT {', '.join(columns)} "
-            f"FROM {within}{message_table_name(kind)} ARRAY JOIN {', '.join(joined)}")
-    return statements
+def _dictionary(values: list[str], index: np.ndarray) -> pa.DictionaryArray:
+    distinct, inverse = np.unique(np.asarray(values, dtype=object), return_inverse=True)
+    return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)[index]),
+                                          pa.array(distinct.tolist()))
 
 
-def _array_type(name: str, dtype: object) -> str:
-    """The raw tables' column type of a field, as an array with the same codec (times as
-    milliseconds, delta-coded; optional values as NaN or null elements)."""
-    if name == "event_time_ms":
-        return "Array(Int64) CODEC(DoubleDelta, ZSTD(1))"
-    base, _, codec = sample_column_type(name, dtype).partition(" CODEC")
-    if base.startswith("Nullable("):
-        base = base[len("Nullable("):-1]
-    if base == "LowCardinality(String)":
-        base = "LowCardinality(Nullable(String))"
-    return f"Array({base})" + (f" CODEC{codec}" if codec else "")
-
-
-def _array_name(field: str) -> str:
-    """A per-sample field's array column (``gpu_uuid`` is the message's own column)."""
-    return {"event_time_ms": "times_ms", "gpu_uuid": "gpu_uuids"}.get(field, field)
-
-
-def message_tables(batches: Sequence[DecodedBatch]) -> dict[str, pa.Table]:
-    """One Arrow table per sample kind held by ``batches``: a row per message that has
-    samples of that kind, its fields as lists of the message's samples."""
+def per_sample_tables(batches: Sequence[DecodedBatch]) -> dict[str, pa.Table]:
+    """One Arrow table per sample kind, a row per sample: identities by dictionary, ``seq``
+    numbering each message's samples of the kind from 0."""
     out = {}
     for kind, fields in FIELD_DTYPES.items():
         rows = [(b.header, b.frames[kind]) for b in batches
                 if kind in b.frames and b.frames[kind]["event_time_ms"].size]
         if not rows:
             continue
-        sizes = np.fromiter((frame["event_time_ms"].size for _, frame in rows), np.int64,
-                            len(rows))
-        offsets = pa.array(np.concatenate(([0], np.cumsum(sizes))).astype(np.int32))
-        headers = [header for header, _ in rows]
+        sizes = [frame["event_time_ms"].size for _, frame in rows]
+        message = np.repeat(np.arange(len(rows)), sizes)
         arrays: dict[str, pa.Array] = {
-            "event_time": pa.array([int(frame["event_time_ms"][0]) for _, frame in rows],
+            "event_time": pa.array(np.concatenate([f["event_time_ms"] for _, f in rows]),
                                    type=pa.timestamp("ms", tz="UTC")),
-            "job_id": pa.array([h.identity.job_id for h in headers]),
-            "node_id": pa.array([h.identity.node_id for h in headers]),
-            "worker_id": pa.array([h.identity.worker_id for h in headers]),
-            "message_id": pa.array([h.event_id for h in headers]),
+            "seq": pa.array(np.concatenate([np.arange(n, dtype=np.uint32) for n in sizes])),
         }
+        for name in IDENTITY_COLUMNS:
+            arrays[name] = _dictionary([getattr(h.identity, name) for h, _ in rows], message)
         if "gpu_uuid" not in fields:
-            arrays["gpu_uuid"] = pa.array([h.gpu_uuid or "" for h in headers])
+            arrays["gpu_uuid"] = _dictionary([h.gpu_uuid or "" for h, _ in rows], message)
         for name, dtype in fields.items():
+            if name == "event_time_ms":
+                continue
             column = np.concatenate([frame[name] for _, frame in rows])
-            # floats keep NaN for a missing value: the arrays' elements are not nullable
-            values = pa.array(column, type=pa.string()) if dtype is object else pa.array(column)
-            arrays[_array_name(name)] = pa.ListArray.from_arrays(offsets, values)
-        out[message_table_name(kind)] = pa.table(arrays)
+            arrays[name] = (pa.array(column, type=pa.string()) if dtype is object
+                            else pa.array(column, from_pandas=dtype is np.float64))
+        out[raw_table_name(kind)] = pa.table(arrays)
     return out
 
 
-def _per_sample_tables(batches: Sequence[DecodedBatch]) -> dict[str, pa.Table]:
+def _per_message_tables(batches: Sequence[DecodedBatch]) -> dict[str, pa.Table]:
     raw = RawColumnsBuilder()
     for batch in batches:
         raw.add(batch.header, batch.frames)
@@ -191,17 +158,17 @@ def run_store_layout_bench(options: StoreLayoutOptions, work: Path | None = None
     groups = [decoded[lo:lo + options.batch_messages]
               for lo in range(0, len(decoded), options.batch_messages)]
     builders: dict[str, Callable[[Sequence[DecodedBatch]], dict[str, pa.Table]]] = {
-        "per_sample": _per_sample_tables, "per_message": message_tables}
-    statements = {"per_sample": [s for s in raw_table_statements(30)
-                                 if s.startswith("CREATE TABLE")],
-                  "per_message": [*message_table_statements(30),
-                                  *sample_view_statements("per_message")]}
+        "per_sample": per_sample_tables, "per_message": _per_message_tables}
+    statements = {"per_sample": per_sample_statements(30),
+                  "per_message": [*(message_table_statement(kind, 30) for kind in FIELD_DTYPES),
+                                  *(sample_view_statement(kind) for kind in FIELD_DTYPES)]}
     with tempfile.TemporaryDirectory(dir=work) as store:
         client = connect(f"chdb://{store}")
         for layout in LAYOUTS:
             client.command(f"CREATE DATABASE IF NOT EXISTS {layout}")
             for statement in statements[layout]:
-                client.command(statement.replace("EXISTS ", f"EXISTS {layout}.", 1))
+                client.command(re.sub(r"(EXISTS|VIEW|FROM) (raw_\w+)", rf"\1 {layout}.\2",
+                                      statement))
         for layout in LAYOUTS:  # warm-up, not counted: the first build loads lazy parts
             builders[layout](groups[0])
         build_s = dict.fromkeys(LAYOUTS, 0.0)

@@ -1,10 +1,11 @@
 """The sink's ``BatchWriter``: ``write`` returns once a prepared batch is in ClickHouse,
 its dead letters on their topic, and where the next batch starts in ``sink_offsets``.
 
-Raw samples go column-wise (Arrow), one insert per raw table; the smaller topics one insert
-per table. Every insert carries the hash of its events' ids as the deduplication token. A
-block the server rejects for its contents is split until the events it cannot store are
-known; those are dead-lettered with the server's reason, the rest is stored.
+Raw samples go column-wise (Arrow), one insert per raw table with a row per message; the
+smaller topics one insert per table. Every insert carries the hash of its events' ids as the
+deduplication token. A block the server rejects for its contents is split until the events
+it cannot store are known; those are dead-lettered with the server's reason, the rest is
+stored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Message
 
@@ -111,13 +111,10 @@ class SinkWriter(BatchWriter[PreparedBatch]):
             return
         except InsertRejected:
             pass
-        # Each message's rows of a kind are contiguous and number from 0.
-        starts = np.flatnonzero(arrow_table.column("seq").to_numpy() == 0)
-        bounds = [*starts.tolist(), arrow_table.num_rows]
-        messages = batch.raw_messages[table]
+        messages = batch.raw_messages[table]  # a row per message
 
         def insert(lo: int, hi: int, sub_token: str) -> None:
-            part = arrow_table.slice(bounds[lo], bounds[hi] - bounds[lo])
+            part = arrow_table.slice(lo, hi - lo)
             self._client.insert_arrow(table, part,
                                       settings={"insert_deduplication_token": sub_token})
             self._count(table, part.num_rows)
@@ -125,7 +122,7 @@ class SinkWriter(BatchWriter[PreparedBatch]):
         def reject(unit: int, reason: str) -> None:
             self._reject(batch, batch.raw_sources[messages[unit]], reason)
 
-        self._inserter.split_insert(table, len(starts), token, insert, reject)
+        self._inserter.split_insert(table, len(messages), token, insert, reject)
 
     def _store_events(self, table: str, events: list[StoredEvent], batch: PreparedBatch) -> None:
         columns = self._columns[table]

@@ -49,8 +49,8 @@ def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, client)
 
     producer = Producer(producer_config(settings, "test"))
     start_ms = now_ms() - 160 * DAY_MS
-    # A runtime with a broken clock: one batch whose steps span 150 days is a block the
-    # server refuses (at most 100 day partitions per insert), whatever it is batched with.
+    # A runtime with a broken clock: one batch whose steps span 150 days is a message the
+    # server refuses (its samples span more than a day), whatever it is batched with.
     poisoned = MetricBatch(identity=_identity("broken-clock"), samples=[
         StepSample(event_time_ms=start_ms + day * DAY_MS, step=day) for day in range(150)
     ])
@@ -96,7 +96,7 @@ def test_refused_rows_are_dead_lettered_and_the_rest_is_stored(settings, client)
     reason, source_topic = client.query(
         "SELECT reason, source_topic FROM dead_letters").result_rows[0]
     assert source_topic == topics.metrics
-    assert "raw_step" in reason and "Too many partitions" in reason
+    assert "raw_step" in reason and "samples_within_a_day" in reason
 
     consumer = Consumer(consumer_config(settings, uuid.uuid4().hex))
     consumer.assign([TopicPartition(topics.dead_letters, 0, 0)])

@@ -43,7 +43,7 @@ def test_the_generated_history_has_the_stated_rows_and_is_measured(tmp_path) -> 
     try:
         ensure_schema(client, ttl_days=3650)
         result = measure_store(client, scale)
-        assert {table: entry["rows"] for table, entry in result["raw_tables"].items()} \
+        assert {table: entry["samples"] for table, entry in result["raw_tables"].items()} \
             == scale.raw_rows()
         features = client.query("SELECT count(), uniqExact(worker_id), uniqExact(feature) "
                                 "FROM features").result_rows[0]

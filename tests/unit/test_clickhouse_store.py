@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from dsec.infra.store import rows
-from dsec.infra.store.clickhouse import RAW_TABLES, TABLES, connect, ensure_schema, store_locked
+from dsec.infra.store.clickhouse import (
+    RAW_MESSAGE_TABLES,
+    RAW_TABLES,
+    TABLES,
+    connect,
+    ensure_schema,
+    store_locked,
+)
 from dsec.infra.store.raw_columns import RawColumnsBuilder
 from dsec.schemas import (
     EpisodeSample,
@@ -38,7 +45,8 @@ def test_schema_is_created_idempotently(client) -> None:
     ensure_schema(client, ttl_days=7)
     names = {row[0] for row in client.query("SHOW TABLES").result_rows}
     assert set(TABLES) | set(RAW_TABLES) | {"raw_metrics"} <= names
-    ddl = client.query("SHOW CREATE TABLE raw_step").result_rows[0][0]
+    assert set(RAW_MESSAGE_TABLES) <= names
+    ddl = client.query("SHOW CREATE TABLE raw_step_messages").result_rows[0][0]
     assert "PARTITION BY toDate(event_time)" in ddl and "toIntervalDay(7)" in ddl
 
 
@@ -133,16 +141,27 @@ def test_results_keep_requested_and_in_force_apart_and_older_stores_gain_them(cl
 
 def test_a_raw_table_made_before_a_field_was_added_gains_its_column(client) -> None:
     ensure_schema(client)
+    batch = MetricBatch(identity=IDENTITY, samples=[
+        StepSample(event_time_ms=1_800_000_000_000 + i, step=i, loss=0.5, grad_norm=1.0,
+                   loss_nonfinite=True, grad_norm_source="trainer") for i in range(3)])
+    builder = RawColumnsBuilder()
+    builder.add(batch, batch_frames(batch))
     added = ("loss", "loss_nonfinite", "grad_norm_source")  # a float, a flag, a label
-    for column in added:  # a store made before the step sample carried them
-        client.command(f"ALTER TABLE raw_step DROP COLUMN {column}")
+    (table, arrow_table), = builder.tables().items()
+    client.insert_arrow(table, arrow_table.drop_columns(list(added)))  # a store made before
+    for column in added:  # the step sample carried them
+        client.command(f"ALTER TABLE raw_step_messages DROP COLUMN {column}")
     ensure_schema(client)
     types = dict(client.query(
         "SELECT name, type FROM system.columns WHERE database = currentDatabase() "
-        f"AND table = 'raw_step' AND name IN {added}").result_rows)
-    assert types == {"loss": "Nullable(Float64)", "loss_nonfinite": "Bool",
-                     "grad_norm_source": "LowCardinality(String)"}
-    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(0,)]
+        f"AND table = 'raw_step_messages' AND name IN {added}").result_rows)
+    assert types == {"loss": "Array(Float64)", "loss_nonfinite": "Array(Bool)",
+                     "grad_norm_source": "Array(LowCardinality(String))"}
+    # the rows stored before have one default value per sample: unknown, unset, ''
+    assert client.query("SELECT seq, grad_norm, loss, loss_nonfinite, grad_norm_source "
+                        "FROM raw_step ORDER BY seq").result_rows == [
+        (i, 1.0, None, False, "") for i in range(3)]
+    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(3,)]
 
 
 def test_a_store_is_locked_while_its_status_file_is_held(tmp_path) -> None:
@@ -211,22 +230,32 @@ def test_exported_batches_are_batches_that_replay_reads(client) -> None:
                 None if v != v else v for v in values.tolist()], (kind, name)
 
 
-def test_a_store_whose_raw_rows_carry_their_message_id_takes_rows_without_it(client) -> None:
-    ensure_schema(client)
-    client.command("ALTER TABLE raw_step ADD COLUMN batch_id String AFTER event_time")  # older
-    ensure_schema(client)
-    batch = MetricBatch(identity=IDENTITY, samples=[
+def test_a_store_made_with_a_row_per_sample_keeps_those_rows_in_its_views(client) -> None:
+    from dsec.bench.store_layout import per_sample_statements, per_sample_tables
+    from dsec.schemas.fast_decode import DecodedBatch
+
+    older = MetricBatch(identity=IDENTITY, samples=[
         StepSample(event_time_ms=1_800_000_000_000, step=1, loss=0.5),
-        StepSample(event_time_ms=1_800_000_000_001, step=2, loss=0.25),
-    ])
+        StepSample(event_time_ms=1_800_000_000_001, step=2)])
+    client.command(next(s for s in per_sample_statements() if "raw_step " in s))
+    client.insert_arrow("raw_step", per_sample_tables(
+        [DecodedBatch(older, batch_frames(older))])["raw_step"])
+    ensure_schema(client)
+    ensure_schema(client)
+    engines = dict(client.query("SELECT name, engine FROM system.tables "
+                                "WHERE database = currentDatabase()").result_rows)
+    assert engines["raw_step"] == "View" and engines["raw_step_per_sample"] == "MergeTree"
+    batch = MetricBatch(identity=IDENTITY, samples=[
+        StepSample(event_time_ms=1_800_000_000_002, step=3, loss=0.25),
+        StepSample(event_time_ms=1_800_000_000_003, step=4, loss=0.125)])
     builder = RawColumnsBuilder()
     builder.add(batch, batch_frames(batch))
     builder.add(MetricBatch(identity=IDENTITY, samples=[]), {"step": batch_frames(
         MetricBatch(identity=IDENTITY, columns=MetricColumns(step=StepColumns(
-            event_time_ms=[], step=[]))))["step"]})  # no samples: no run of rows
-    assert builder.message_ids() == {"raw_step": [batch.event_id]}
+            event_time_ms=[], step=[]))))["step"]})  # no samples: no row
+    assert builder.message_ids() == {"raw_step_messages": [batch.event_id]}
     for table, arrow_table in builder.tables().items():
         client.insert_arrow(table, arrow_table)
-    assert client.query("SELECT step, seq, batch_id FROM raw_step ORDER BY step").result_rows == [
-        (1, 0, ""), (2, 1, "")]
-    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(2,)]
+    assert client.query("SELECT step, seq, loss FROM raw_step ORDER BY step").result_rows == [
+        (1, 0, 0.5), (2, 1, None), (3, 0, 0.25), (4, 1, 0.125)]
+    assert client.query("SELECT count() FROM raw_metrics").result_rows == [(4,)]

@@ -90,7 +90,7 @@ def test_a_frame_that_does_not_fit_its_table_is_refused_and_nothing_is_added() -
     with pytest.raises(ValueError, match=r"columns\.step\.step"):
         builder.add(good.header, bad)
     builder.add(good.header, good.frames)
-    assert builder.tables()["raw_step"].num_rows == 1
+    assert builder.tables()["raw_step_messages"].num_rows == 1
 
 
 def test_the_duplicate_key_is_the_batch_id_whatever_the_form() -> None:

@@ -141,8 +141,8 @@ def test_a_new_sink_resumes_after_what_it_recorded(client) -> None:
 def test_a_batch_not_made_durable_is_stored_by_the_next_loop_once(client) -> None:
     log = InMemoryLog()
     start_ms = now_ms() - 160 * DAY_MS
-    # A broken clock: its steps span 150 days, a block the store refuses (at most 100 day
-    # partitions per insert); its dead letter finds no topic the first time.
+    # A broken clock: its steps span 150 days, a message the store refuses (its samples
+    # span more than a day); its dead letter finds no topic the first time.
     poisoned = MetricBatch(identity=_identity("broken-clock"), samples=[
         StepSample(event_time_ms=start_ms + day * DAY_MS, step=day) for day in range(150)])
     for batch in [_steps("h0"), poisoned, _steps("h1"), _steps("h2")]:
@@ -156,7 +156,7 @@ def test_a_batch_not_made_durable_is_stored_by_the_next_loop_once(client) -> Non
     assert _scalar(client, "SELECT count() FROM raw_step WHERE worker_id LIKE 'h%'") == 60
     assert _scalar(client, "SELECT count() FROM raw_step WHERE worker_id = 'broken-clock'") == 0
     [letter] = letters.letters
-    assert letter.source_topic == TOPICS.metrics and "Too many partitions" in letter.reason
+    assert letter.source_topic == TOPICS.metrics and "samples_within_a_day" in letter.reason
     assert decode(letter.payload.encode(), MetricBatch).event_id == poisoned.event_id
     assert metrics.registry.get_sample_value(
         "dsec_events_dead_lettered_total", {"service": "sink", "reason": "store_rejected"}) == 1
