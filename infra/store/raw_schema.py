@@ -2,10 +2,10 @@
 with one row per sample, named as the kind's table was when it held a row per sample.
 
 A message row holds the message's identity once and each field's samples as an array under
-the field's codec; its ``event_time`` is its earliest sample's. The view gives every sample
-its own ``event_time`` and its place among its message's samples of its kind (``seq``, from
-0), and also reads a store's older
-per-sample table (renamed ``raw_<kind>_per_sample``) until its TTL has emptied it.
+the field's codec (a missing float as NaN); its ``event_time`` is its earliest sample's. The
+view gives every sample its own ``event_time`` and its place among its message's samples of
+its kind (``seq``, from 0), reads NaN as NULL, and also reads a store's older per-sample
+table (renamed ``raw_<kind>_per_sample``) until its TTL has emptied it.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def sample_column_type(name: str, dtype: object) -> str:
 
 def array_column_type(name: str, dtype: object) -> str:
     """A sample field's array column: the per-sample type and codec on the array's
-    elements. A column added to a store with rows gives those rows one
-    default element per sample."""
+    elements, floats not nullable (NaN). A column added to a store with rows gives those
+    rows one default element per sample."""
     if name == "event_time_ms":
         return f"Array(Int64) {_TIME_CODEC}"
     base, _, codec = sample_column_type(name, dtype).partition(" CODEC")
