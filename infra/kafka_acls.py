@@ -97,9 +97,11 @@ def dsec_users(prefix: str = "dsec", user_prefix: str = "dsec-") -> dict[str, Ka
             _topic(t.dead_letters, *PRODUCE), _topic(t.process_usage, *PRODUCE),
             _group(f"{prefix}-clickhouse-sink"))),
         # the personality job: features, GPU profiles and its own history in (read back
-        # whole at start), personalities and workload affinity out
+        # whole at start), personalities and workload affinity out; without a store, the
+        # recommendations read GPU health and topology from their topics too
         ("placement", (*(_topic(name, *CONSUME) for name in (
-            t.features, t.gpu_profiles, t.gpu_personalities, t.workload_affinity)),
+            t.features, t.gpu_profiles, t.gpu_personalities, t.workload_affinity,
+            t.gpu_health, t.gpu_topology)),
             _topic(t.gpu_personalities, *PRODUCE), _topic(t.workload_affinity, *PRODUCE),
             _topic(t.dead_letters, *PRODUCE), _group(f"{prefix}-placement"),
             _group("dsec-placement-reader-"))),

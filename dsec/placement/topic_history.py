@@ -28,8 +28,9 @@ from dsec.schemas import DecodeError, decode, topic_names
 from dsec.schemas.alerts import GpuHealthEvent
 from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
 from dsec.schemas.settings import DsecSettings
+from dsec.schemas.topics import TopicNames
 
-__all__ = ["GROUP_PREFIX", "read_topic_history", "topic_history"]
+__all__ = ["GROUP_PREFIX", "history_topics", "read_topic_history", "topic_history"]
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,17 @@ def _skip(_message: Message, _reason: str) -> None:
     """A record that cannot be read is skipped (logged where it was read)."""
 
 
+def history_topics(topics: TopicNames) -> dict[str, type]:
+    """The topics the history is read from, and their events' models."""
+    return {topics.gpu_personalities: GpuPersonalityEvent,
+            topics.workload_affinity: WorkloadAffinityEvent,
+            topics.gpu_health: GpuHealthEvent, topics.gpu_topology: GpuTopologyEvent}
+
+
 def read_topic_history(settings: DsecSettings, timeout_s: float = 30.0) -> PlacementHistory:
     """The history as the placement topics hold it now; ``OutputUnavailable`` when they
     were not read to their ends in ``timeout_s``."""
-    topics = topic_names(settings.topic_prefix)
-    models: dict[str, type] = {topics.gpu_personalities: GpuPersonalityEvent,
-                               topics.workload_affinity: WorkloadAffinityEvent,
-                               topics.gpu_health: GpuHealthEvent,
-                               topics.gpu_topology: GpuTopologyEvent}
+    models = history_topics(topic_names(settings.topic_prefix))
     group = f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"
     read = _Events(models)
     loop = ConsumerLoop(

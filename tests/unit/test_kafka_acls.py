@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from dsec.infra.kafka_acls import CONSUME, PRODUCE, dsec_users, helm_acls, strimzi_users
-from dsec.placement.topic_history import GROUP_PREFIX
+from dsec.placement.topic_history import GROUP_PREFIX, history_topics
 from dsec.schemas import topic_names
 
 CHART = Path(__file__).parents[2] / "infra" / "helm" / "dsec"
@@ -48,6 +48,11 @@ def test_the_placement_history_reader_is_in_a_group_the_placement_user_may_read(
     placement = dsec_users("p")["placement"]
     assert any(acl.resource == "group" and acl.pattern == "prefix" and "Read" in acl.operations
                and f"{GROUP_PREFIX}-0a1b2c3d".startswith(acl.name) for acl in placement.acls)
+
+
+def test_the_placement_user_may_read_every_topic_of_the_placement_history() -> None:
+    for topic in history_topics(topic_names("p")):
+        assert "placement" in _who("Read", topic), topic
 
 
 def test_chart_values_hold_the_same_acls() -> None:
