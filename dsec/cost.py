@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsec.history import query
+from dsec.infra.store.raw_schema import since_filter
 from dsec.report import html_page, svg_chart
 from dsec.schemas.settings import DsecSettings
 from dsec.schemas.units import ms_to_s, s_to_ms
@@ -34,6 +35,8 @@ __all__ = [
 GIB = 1 << 30
 NO_POOL = "(no pool)"
 Query = Callable[[str, dict], dict]
+
+SINCE = since_filter("{since:Int64}")  # raw samples from the report's start
 
 
 @dataclass(frozen=True)
@@ -185,11 +188,11 @@ def _pool_costs(run: Query, since_ms: int, pools: dict[str, str]) -> list[PoolCo
         SELECT concat(job_id, '|', worker_id),
                (toUnixTimestamp64Milli(max(event_time)) - toUnixTimestamp64Milli(min(event_time)))
                / 1000 + any(interval_s)
-        FROM raw_heartbeat WHERE event_time >= fromUnixTimestamp64Milli({since:Int64})
+        FROM raw_heartbeat WHERE """ + SINCE + """
         GROUP BY job_id, worker_id""", since=since_ms)
     gpus = {worker: (count, utilisation) for worker, count, utilisation in _rows(run, """
         SELECT concat(job_id, '|', worker_id), uniqExact(gpu_uuid), avg(utilisation_pct) / 100
-        FROM raw_gpu WHERE event_time >= fromUnixTimestamp64Milli({since:Int64})
+        FROM raw_gpu WHERE """ + SINCE + """
         GROUP BY job_id, worker_id""", since=since_ms)}
     by_pool: dict[str, PoolCost] = {}
     for worker, span_s in spans:

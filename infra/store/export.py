@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import orjson
 
 from dsec.infra.store.raw_columns import raw_table_name
+from dsec.infra.store.raw_schema import since_filter
 from dsec.schemas.frames import FIELD_DTYPES
 from dsec.schemas.metrics import SAMPLE_MODELS
 
@@ -39,7 +40,7 @@ def export_batches(query: Query, since_ms: int, job_id: str | None = None) -> It
         sql = (
             f"SELECT job_id, node_id, worker_id, toUnixTimestamp64Milli(event_time) AS t, seq, "
             f"{', '.join(names)} FROM {raw_table_name(kind)} "
-            "WHERE event_time >= fromUnixTimestamp64Milli({since:Int64})"
+            f"WHERE {since_filter('{since:Int64}')}"
             + (" AND job_id = {job:String}" if job_id else "")
             + " ORDER BY job_id, worker_id, node_id, event_time, seq"
         )

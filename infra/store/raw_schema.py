@@ -87,7 +87,8 @@ def message_table_statement(kind: str, ttl_days: int) -> str:
 
 def sample_view_statement(kind: str, legacy: bool = False) -> str:
     """The per-sample view of ``kind``; ``legacy``: it also reads the older per-sample
-    table."""
+    table. ``message_time`` is the sample's message's ``event_time``: a filter on it skips
+    the parts outside it (see ``since_filter``), one on ``event_time`` alone reads them."""
     fields = FIELD_DTYPES[kind]
     joined = ["times_ms AS sample_time_ms", "arrayEnumerate(times_ms) AS sample_number"]
     columns = ["fromUnixTimestamp64Milli(sample_time_ms, 'UTC') AS event_time",
@@ -107,8 +108,8 @@ def sample_view_statement(kind: str, legacy: bool = False) -> str:
         else:
             joined.append(name if array == name else f"{array} AS {name}")
             columns.append(name)
-    columns.append("ingest_time")
-    names.append("ingest_time")
+    columns += ["ingest_time", f"{raw_message_table_name(kind)}.event_time AS message_time"]
+    names += ["ingest_time", "event_time AS message_time"]
     select = (f"SELECT {', '.join(columns)} FROM {raw_message_table_name(kind)} "
               f"ARRAY JOIN {', '.join(joined)}")
     if legacy:
@@ -131,10 +132,19 @@ def raw_metrics_view_statement() -> str:
             f"SELECT event_time, seq, job_id, node_id, worker_id, "
             f"toString(gpu_uuid) AS gpu_uuid, '{kind}' AS kind, toInt64({step}) AS step, "
             f"CAST(map({values}), 'Map(String, Float64)') AS values, "
-            f"CAST(map({label_pairs}), 'Map(String, String)') AS labels, ingest_time "
+            f"CAST(map({label_pairs}), 'Map(String, String)') AS labels, ingest_time, "
+            f"message_time "
             f"FROM {raw_table_name(kind)}"
         )
     return "CREATE OR REPLACE VIEW raw_metrics AS " + " UNION ALL ".join(selects)
+
+
+def since_filter(since_ms_sql: str) -> str:
+    """A per-sample view's rows from ``since_ms_sql`` (a SQL expression of epoch
+    milliseconds) on: on the sample's time, and on its message's time, which lets the
+    store skip the parts before it (a message's samples span at most a day)."""
+    return (f"event_time >= fromUnixTimestamp64Milli({since_ms_sql}) AND message_time >= "
+            f"fromUnixTimestamp64Milli({since_ms_sql} - {MAX_MESSAGE_SPAN_MS})")
 
 
 def _engines(client: Client) -> dict[str, str]:

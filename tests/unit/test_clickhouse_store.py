@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import re
 import subprocess
 import sys
 
@@ -258,4 +259,30 @@ def test_a_store_made_with_a_row_per_sample_keeps_those_rows_in_its_views(client
         client.insert_arrow(table, arrow_table)
     assert client.query("SELECT step, seq, loss FROM raw_step ORDER BY step").result_rows == [
         (1, 0, 0.5), (2, 1, None), (3, 0, 0.25), (4, 1, 0.125)]
+    assert client.query("SELECT count() FROM raw_step WHERE message_time = event_time "
+                        "AND step < 3").result_rows == [(2,)]  # a row per sample: its own
     assert client.query("SELECT count() FROM raw_metrics").result_rows == [(4,)]
+
+
+def test_a_time_bounded_read_of_a_view_skips_the_messages_before_it(client) -> None:
+    from dsec.infra.store.raw_schema import since_filter
+
+    ensure_schema(client, ttl_days=3650)
+    day_ms = 86_400_000
+    builder = RawColumnsBuilder()
+    for day in range(5):  # a message a day: five day partitions
+        batch = MetricBatch(identity=IDENTITY, samples=[
+            StepSample(event_time_ms=1_800_000_000_000 + day * day_ms + i, step=day * 10 + i)
+            for i in range(3)])
+        builder.add(batch, batch_frames(batch))
+    (table, arrow_table), = builder.tables().items()
+    client.insert_arrow(table, arrow_table)
+    since = 1_800_000_000_000 + 3 * day_ms + 1
+    sql = f"SELECT count(), min(step) FROM raw_step WHERE {since_filter(str(since))}"
+    assert client.query(sql).result_rows == [(5, 31)]  # day 3's last two, and day 4's
+    plan = "\n".join(row[0] for row in client.query(f"EXPLAIN indexes = 1 {sql}").result_rows)
+    selected = [tuple(map(int, part.split("/"))) for part in
+                re.findall(r"Parts: (\d+/\d+)", plan)]
+    assert selected and min(read for read, _ in selected) < 5  # not every day's part
+    assert client.query("SELECT DISTINCT toDate(message_time) = toDate(event_time) "
+                        "FROM raw_metrics").result_rows == [(True,)]
