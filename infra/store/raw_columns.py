@@ -29,6 +29,11 @@ def raw_message_table_name(kind: str) -> str:
     return f"raw_{kind}_messages"
 
 
+def sample_view_name(message_table: str) -> str:
+    """The per-sample view of a message table."""
+    return message_table.removesuffix("_messages")
+
+
 def array_column_name(field: str) -> str:
     """A sample field's array column in its message table."""
     return {"event_time_ms": "times_ms", "gpu_uuid": "gpu_uuids"}.get(field, field)

@@ -26,6 +26,7 @@ from dsec.infra.observability.metrics import (
     ProcessMetrics,
 )
 from dsec.infra.store.inserts import Inserter, InsertRejected
+from dsec.infra.store.raw_columns import sample_view_name
 from dsec.infra.store.recent_ids import RecentIds
 from dsec.infra.store.sink_batch import (
     RAW_SCOPE,
@@ -107,7 +108,7 @@ class SinkWriter(BatchWriter[PreparedBatch]):
         try:
             self._inserter.insert(table, lambda: self._client.insert_arrow(
                 table, arrow_table, settings={"insert_deduplication_token": token}))
-            self._count(table, arrow_table.num_rows)
+            self._count_samples(table, arrow_table)
             return
         except InsertRejected:
             pass
@@ -117,7 +118,7 @@ class SinkWriter(BatchWriter[PreparedBatch]):
             part = arrow_table.slice(lo, hi - lo)
             self._client.insert_arrow(table, part,
                                       settings={"insert_deduplication_token": sub_token})
-            self._count(table, part.num_rows)
+            self._count_samples(table, part)
 
         def reject(unit: int, reason: str) -> None:
             self._reject(batch, batch.raw_sources[messages[unit]], reason)
@@ -150,6 +151,13 @@ class SinkWriter(BatchWriter[PreparedBatch]):
     def _reject(self, batch: PreparedBatch, source: Source, reason: str) -> None:
         self._counters.dead_lettered += 1
         batch.add_dead_letter(source, reason)
+
+    def _count_samples(self, table: str, arrow_table: Any) -> None:
+        """A message table's rows are counted as their samples, under the per-sample view's
+        name (the table's name as it read before messages were rows)."""
+        offsets = arrow_table.column("times_ms").combine_chunks().offsets
+        self._count(sample_view_name(table), int(offsets[-1].as_py() - offsets[0].as_py())
+                    if len(offsets) else 0)
 
     def _count(self, table: str, added: int) -> None:
         self._counters.rows_by_table[table] = self._counters.rows_by_table.get(table, 0) + added

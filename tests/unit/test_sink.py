@@ -119,6 +119,7 @@ def test_each_batch_is_stored_once_and_recorded_before_its_commit(client) -> Non
                and _committed(log, TOPICS.features) == 6, "the batches committed")
 
     assert _scalar(client, "SELECT count() FROM raw_step") == 60
+    assert sink.counters.rows_by_table["raw_step"] == 60  # samples, by the view's name
     assert _scalar(client, "SELECT uniqExact(event_id) FROM features") == 5
     assert sink.counters.duplicates_skipped == 2 and sink.counters.samples == 60
     assert _recorded(client) == {TOPICS.metrics: 4, TOPICS.features: 6}
