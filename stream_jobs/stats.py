@@ -109,8 +109,8 @@ def robust_z(value: float, window: np.ndarray) -> float:
     burst of spikes does not hide the spikes after its first."""
     if window.size == 0:
         return 0.0
-    median = float(np.median(window))
-    spread = MAD_TO_STD * float(np.median(np.abs(window - median)))
+    median = sorted_median(window)
+    spread = MAD_TO_STD * sorted_median(np.abs(window - median))
     return (value - median) / spread if spread > 0 else 0.0
 
 
@@ -143,11 +143,43 @@ def jump_count(values: np.ndarray, ratio: float) -> int:
     return int(np.count_nonzero(np.abs(logs[1:] - logs[:-1]) >= math.log(ratio)))
 
 
+def sorted_median(values: np.ndarray) -> float:
+    """``np.median`` (NaN where any value is NaN) by one sort: a tenth of its cost on the
+    windows of a few hundred values the features take it of, once a message."""
+    count = values.size
+    if count == 0:
+        return math.nan
+    ordered = np.sort(values, kind="stable")  # NaN sorts last
+    top = float(ordered[-1])
+    if math.isnan(top):
+        return math.nan
+    half = count // 2
+    if count % 2:
+        return float(ordered[half])
+    return (float(ordered[half - 1]) + float(ordered[half])) / 2
+
+
 def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
-    """Exact percentiles of a bounded window (the window is the sketch)."""
-    if values.size == 0:
+    """Exact percentiles of a bounded window (the window is the sketch): ``np.percentile``'s
+    linear interpolation by one sort and its own interpolation formula, at a tenth of its
+    cost on small windows. 0.0 for an empty window, NaN where a value is NaN."""
+    count = values.size
+    if count == 0:
         return tuple(0.0 for _ in qs)
-    return tuple(float(v) for v in np.percentile(values, qs))
+    ordered = np.sort(values, kind="stable").tolist()  # NaN sorts last
+    if math.isnan(ordered[-1]):
+        return tuple(math.nan for _ in qs)
+    out = []
+    for q in qs:
+        position = q / 100 * (count - 1)
+        below = min(math.floor(position), count - 1)
+        fraction = position - below
+        low, high = ordered[below], ordered[min(below + 1, count - 1)]
+        step = high - low
+        # numpy's lerp: from the nearer end, so that the result stays within [low, high]
+        out.append(float(high - step * (1 - fraction) if fraction >= 0.5
+                         else low + step * fraction))
+    return tuple(out)
 
 
 def growth_by_regime(

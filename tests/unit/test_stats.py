@@ -17,6 +17,7 @@ from dsec.stream_jobs.stats import (
     percentiles,
     regime_of,
     reward_window_features,
+    sorted_median,
     throttle_onsets,
     throughput_jitter,
     variance_jump_ratio,
@@ -92,6 +93,28 @@ def test_percentiles() -> None:
     p50, p99 = percentiles(values, (50, 99))
     assert p50 == pytest.approx(50.5) and p99 == pytest.approx(99.01)
     assert percentiles(np.array([]), (50,)) == (0.0,)
+
+
+def _windows() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    windows = [rng.normal(size=int(n)) * 10.0 ** int(e)
+               for n, e in zip(rng.integers(1, 300, 300), rng.integers(-3, 7, 300), strict=True)]
+    windows += [rng.integers(0, 9, size=int(n)).astype(np.float64)
+                for n in rng.integers(1, 40, 100)]
+    windows += [np.array([1.0, np.nan, 2.0]), np.array([np.inf, 1.0]),
+                np.array([-np.inf, np.inf]), np.array([5, 1, 3], dtype=np.int64),
+                np.full(4, 3.0), np.array([2.0])]
+    return windows
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's own, on inf - inf
+def test_percentiles_and_median_are_numpys_to_the_bit() -> None:
+    qs = (0, 25.5, 50, 95, 99, 100)
+    for window in _windows():
+        expected = tuple(float(v) for v in np.percentile(window, qs))
+        assert np.array_equal(percentiles(window, qs), expected, equal_nan=True), window
+        assert np.array_equal(sorted_median(window), float(np.median(window)),
+                              equal_nan=True), window
 
 
 def test_growth_is_split_by_regime_and_skips_regime_changes() -> None:
