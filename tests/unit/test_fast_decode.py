@@ -171,3 +171,29 @@ def test_padding_after_a_complete_quantum_is_taken_as_the_model_takes_it() -> No
                                  "step": {"dtype": "<i8", "data": data}}})
     assert decode_metric_batch(message).frames["step"]["step"].tolist() == [4, 5, 6]
     assert [row.step for row in decode(message, MetricBatch).rows()] == [4, 5, 6]
+
+
+@pytest.mark.parametrize("length", [1, 32, 33, 200])
+@pytest.mark.parametrize(("column", "values", "fragment"), [
+    ("grad_norm", [-1.0], ">= 0"),
+    ("grad_norm", [None, -1.0], ">= 0"),
+    ("step", [-1], ">= 0"),
+    ("grad_norm", [None], None),
+    ("grad_norm", [0.0, 2.5], None),
+])
+def test_short_and_long_columns_meet_the_same_bounds(
+        length: int, column: str, values: list, fragment: str | None) -> None:
+    # Short columns are checked on Python numbers, long ones with numpy: both as the model.
+    filler = {"grad_norm": 1.0, "step": 1}[column]
+    cells = [filler] * max(0, length - len(values)) + values
+    columns = {"event_time_ms": list(range(1, len(cells) + 1)), "step": [1] * len(cells)}
+    message = _message({"step": {**columns, column: cells}})
+    if fragment is None:
+        decode_metric_batch(message)
+        decode(message, MetricBatch)
+        return
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(message)
+    assert fragment in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(message, MetricBatch)
