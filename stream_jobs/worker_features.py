@@ -318,12 +318,12 @@ def _syncs(window: SyncWindow, frame: Frame, config: FeatureConfig,
     out["grad_sync_latency_p50_ms"] = p50
     out["grad_sync_latency_p95_ms"] = p95
     out["grad_sync_latency_p99_ms"] = p99
-    out["grad_sync_success_rate"] = float(np.mean(new.ok_flags))
+    out["grad_sync_success_rate"] = sum(new.ok_flags) / len(new.ok_flags)
     times = np.asarray(new.times_ms, dtype=np.int64)
     span_s = ms_to_s(times.max() - times.min())
     if span_s > 0:
         # The first sync opens the window: its bytes fall before the span starts.
-        out["grad_sync_bytes_per_s"] = float(np.sum(new.sizes_bytes[1:]) / span_s)
+        out["grad_sync_bytes_per_s"] = sum(new.sizes_bytes[1:]) / span_s
     out["grad_sync_bandwidth_jitter"] = stats.throughput_jitter(
         np.asarray(new.sizes_bytes, dtype=np.float64), latency
     )
@@ -334,7 +334,7 @@ def _gpus(gpus: dict[str, GpuState], jitter: float, lengths_steps: list[int], fr
           config: FeatureConfig, out: Update) -> tuple[dict[str, GpuState], float]:
     """The GPUs' states and the sync bandwidth jitter their profiles carry."""
     regime = (
-        stats.regime_of(float(np.mean(lengths_steps)), config.regime_bounds_steps)
+        stats.regime_of(sum(lengths_steps) / len(lengths_steps), config.regime_bounds_steps)
         if lengths_steps else "short"
     )
     gpus = dict(gpus)

@@ -13,6 +13,7 @@ from dsec.stream_jobs.stats import (
     growth_by_regime,
     linear_slope,
     log_slope,
+    mean_std,
     mean_variance,
     percentiles,
     regime_of,
@@ -170,3 +171,13 @@ def test_jump_count_counts_order_of_magnitude_swings_either_way() -> None:
     # 30->1500, 1500->31, 29->1450, 1450->28 (0 and NaN left out), 28->2
     assert stats.jump_count(swinging, 10.0) == 5
     assert stats.jump_count(np.array([5.0]), 10.0) == 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_mean_std_is_numpys_mean_and_sample_std_to_the_bit() -> None:
+    for window in _windows():
+        if window.size < 2:
+            continue
+        mean, std = mean_std(window)
+        assert np.array_equal(mean, float(window.mean()), equal_nan=True), window
+        assert np.array_equal(std, float(window.std(ddof=1)), equal_nan=True), window
