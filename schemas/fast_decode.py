@@ -240,6 +240,23 @@ def _strings(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray
     return np.asarray(values, dtype=object)
 
 
+_DEFAULT_COLUMNS: dict[tuple[str, str, int], np.ndarray] = {}
+
+
+def _default_column(kind: str, name: str, rule: _FieldRule, n: int) -> np.ndarray:
+    """A column the message left out: ``n`` copies of the model's default, valid by
+    definition. Read-only, as packed columns are; the short ones are made once and shared."""
+    key = (kind, name, n)
+    column = _DEFAULT_COLUMNS.get(key)
+    if column is None:
+        default = np.nan if rule.default is None and rule.dtype is np.float64 else rule.default
+        column = np.full(n, default, dtype=rule.dtype)
+        column.flags.writeable = False
+        if n <= _SMALL_COLUMN:
+            _DEFAULT_COLUMNS[key] = column
+    return column
+
+
 def _frame(kind: str, columns: Any) -> Frame:
     rules = RULES.get(kind)
     if rules is None:
@@ -265,9 +282,7 @@ def _frame(kind: str, columns: Any) -> Frame:
         if values is None:
             if rule.required:
                 raise _fail(kind, name, "field required")
-            # The model's default is valid by definition: no need to check n copies of it.
-            default = np.nan if rule.default is None and rule.dtype is np.float64 else rule.default
-            frame[name] = np.full(n, default, dtype=rule.dtype)
+            frame[name] = _default_column(kind, name, rule, n)
             continue
         if isinstance(values, dict):
             frame[name] = _packed(kind, name, values, rule, n)
