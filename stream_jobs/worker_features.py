@@ -175,7 +175,7 @@ def update(
         identity=state.identity if identity is None else identity, partition=partition,
         recent_offsets=offsets, recent_batch_ids=batch_ids, episodes=episodes, steps=steps,
         syncs=syncs, gpus=gpus, bandwidth_jitter=jitter, heartbeat=heartbeat,
-        cuda_devices=cuda_devices, recoveries=recoveries)
+        cuda_devices=cuda_devices, cards=state.cards, recoveries=recoveries)
     return out
 
 

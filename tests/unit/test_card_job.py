@@ -122,3 +122,19 @@ def test_reports_go_out_on_news_and_then_every_interval() -> None:
     changed = card_news(cards, ["GPU-A"], {"GPU-A": True}, 10_000, 30_000)[1]
     assert [(n.reports_card, n.throttled) for n in changed] == [(True, True)]
     assert cards["GPU-A"] == CardSeen(reported_ms=0)
+
+
+def test_the_metrics_job_tells_a_card_on_news_and_then_every_interval() -> None:
+    # The worker's cards as last told live in its state from one message to the next: a
+    # card job hears of an unchanged card once per interval, not once per message.
+    job = MetricsJob(TOPICS, {}, clock_ms=lambda: START_MS, card_report_interval_s=30.0)
+    told = []
+    for second in range(40):
+        throttle = 0x40 if second == 12 else 0
+        records = _metrics_records([_batch("w1", second, "GPU-A", True, throttle)])
+        records = [Record(r.topic, r.partition, second, r.key, r.value) for r in records]
+        result = job.process(records, batch_ms=START_MS + second * 1000)
+        job.save(result.states)
+        told += [(second, o.event.throttled) for o in result.outputs
+                 if o.topic == TOPICS.gpu_cards]
+    assert told == [(0, False), (12, True), (13, False)]
