@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -205,6 +206,9 @@ def growth_by_regime(
     out: dict[str, tuple[float, float]] = {}
     if times_ms.size < 2:
         return out
+    if times_ms.size <= _SEQUENTIAL_SUM_MAX:
+        return _growth_by_regime_small(times_ms.tolist(), used_bytes.tolist(),
+                                       regimes.tolist())
     order = np.argsort(times_ms, kind="stable")
     t, b, r = times_ms[order], used_bytes[order].astype(np.float64), regimes[order]
     same = r[1:] == r[:-1]
@@ -214,6 +218,27 @@ def growth_by_regime(
         mask = same & (r[1:] == regime)
         out[str(regime)] = (float(db[mask].sum()), float(dt_s[mask].sum()))
     return out
+
+
+# numpy sums fewer than eight values one after the other, as Python's ``sum`` does: up to
+# this many samples a regime's sums come out the same bits either way.
+_SEQUENTIAL_SUM_MAX = 8
+
+
+def _growth_by_regime_small(times_ms: list, used_bytes: list,
+                            regimes: list) -> dict[str, tuple[float, float]]:
+    """``growth_by_regime`` on a few samples (a GPU's one or two of a probe message) in
+    Python, where numpy's per-call cost was most of the work."""
+    order = sorted(range(len(times_ms)), key=times_ms.__getitem__)  # stable, as argsort
+    deltas: dict[str, tuple[list[float], list[float]]] = {}
+    for before, after in pairwise(order):
+        if regimes[after] != regimes[before]:
+            continue
+        bytes_list, seconds_list = deltas.setdefault(str(regimes[after]), ([], []))
+        bytes_list.append(float(used_bytes[after]) - float(used_bytes[before]))
+        seconds_list.append(ms_to_s(times_ms[after] - times_ms[before]))
+    return {regime: (float(sum(deltas[regime][0])), float(sum(deltas[regime][1])))
+            for regime in sorted(deltas)}
 
 
 def regime_of(episode_length: float, bounds_steps: tuple[float, float]) -> str:

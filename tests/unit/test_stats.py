@@ -181,3 +181,20 @@ def test_mean_std_is_numpys_mean_and_sample_std_to_the_bit() -> None:
         mean, std = mean_std(window)
         assert np.array_equal(mean, float(window.mean()), equal_nan=True), window
         assert np.array_equal(std, float(window.std(ddof=1)), equal_nan=True), window
+
+
+def test_growth_on_a_few_samples_is_the_same_as_on_many(monkeypatch) -> None:
+    # A probe message's one or two GPU samples take a Python path: the same bits as numpy's.
+    rng = np.random.default_rng(5)
+    for trial in range(500):
+        count = int(rng.integers(2, 9))
+        times = rng.integers(0, 10**6, size=count)
+        if trial % 5 == 0:
+            times[:] = times[0]  # ties keep their order
+        used = rng.integers(0, 2**40, size=count)
+        regimes = rng.choice(["short", "medium", "long"], size=count)
+        small = growth_by_regime(times, used, regimes)
+        monkeypatch.setattr(stats, "_SEQUENTIAL_SUM_MAX", 0)
+        large = growth_by_regime(times, used, regimes)
+        monkeypatch.undo()
+        assert small == large and list(small) == list(large)
