@@ -15,7 +15,7 @@ experiment_app = typer.Typer(no_args_is_help=True, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
 
-TABLE_ROWS = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
+TABLE_ROWS = ("interruptions", "recovery_mean_s", "recovery_p95_s", "unrecovered", "lost_work_s",
               "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
               "final_mean_return", "return_auc", "degraded_ratio", "degraded_s")
 ARM_TITLES = {"plain": "plain (dsec observing)", "strong": "strong (async ckpt, elastic)"}

@@ -3,7 +3,8 @@
 Definitions (wall seconds of the run):
 - interruption: a worker process died (OOM, NaN in the weights, crash);
 - recovery time: from the death until the worker trains again (its replacement resumed
-  in the group, state restored);
+  in the group, state restored); a worker still down at the run's end counts the time
+  to the end (a lower bound) and is counted as unrecovered;
 - lost work: step time of updates a group had to redo because it resumed from a resume
   point older than its progress (counted against effective time, shown apart);
 - effective training time ratio: step time of updates that were kept, over workers x
@@ -67,6 +68,7 @@ class WorkerMeasure:
     interruptions: int = 0
     causes: dict[str, int] = field(default_factory=dict)
     recoveries_s: list[float] = field(default_factory=list)
+    unrecovered: int = 0  # deaths not recovered from by the run's end
     updates_done: int = 0  # kept or not
     degraded_s: dict[str, float] = field(default_factory=dict)
     degraded_any_s: float = 0.0
@@ -105,6 +107,9 @@ def measure_worker(events: Sequence[Event], t0_s: float, end_at_s: float) -> Wor
             cause = str(event.get("cause", "unknown"))
             result.causes[cause] = result.causes.get(cause, 0) + 1
             died_at = t
+    if died_at is not None:  # still down at the end: at least this long
+        result.recoveries_s.append(end_at_s - died_at)
+        result.unrecovered += 1
     result.productive_s = sum(d for _, d in kept)
     result.updates_kept = len(kept)
     return result
@@ -172,6 +177,7 @@ class ArmResult:
     causes: dict[str, int]
     recovery_mean_s: float | None
     recovery_p95_s: float | None
+    unrecovered: int
     lost_work_s: float
     effective_training_time_ratio: float
     steps: int
@@ -220,6 +226,7 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0_s: float,
         causes=causes,
         recovery_mean_s=round(float(np.mean(recoveries)), 3) if recoveries else None,
         recovery_p95_s=round(float(np.percentile(recoveries, 95)), 3) if recoveries else None,
+        unrecovered=sum(w.unrecovered for w in workers.values()),
         lost_work_s=round(sum(w.lost_work_s for w in workers.values()), 2),
         effective_training_time_ratio=round(
             sum(w.productive_s for w in workers.values()) / (slots * wall_s), 4),

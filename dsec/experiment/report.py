@@ -10,7 +10,7 @@ import numpy as np
 from dsec.experiment.arms import arms_of
 from dsec.report import svg_chart
 
-NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "lost_work_s",
+NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "unrecovered", "lost_work_s",
            "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
            "final_mean_return", "return_auc", "degraded_ratio")
 

@@ -43,6 +43,15 @@ def test_a_death_costs_recovery_and_the_work_since_the_resume_point() -> None:
     assert measure.updates_kept == 6
 
 
+def test_a_worker_still_down_at_the_end_counts_its_recovery_to_the_end() -> None:
+    events = [{"e": "resume", "t": 0.0, "updates": 0}, _update(1.0, 1),
+              {"e": "death", "t": 4.0, "cause": "nan"}]
+    measure = measure_worker(events, 0.0, 10.0)
+    assert (measure.interruptions, measure.recoveries_s, measure.unrecovered) == (1, [6.0], 1)
+    arm = measure_arm({0: events}, 0.0, 10.0)
+    assert (arm.recovery_mean_s, arm.unrecovered) == (6.0, 1)
+
+
 def test_a_survivor_that_rolls_back_loses_work_without_an_interruption() -> None:
     events = [{"e": "resume", "t": 0.0, "updates": 0}, _update(1, 1), _update(2, 2),
               {"e": "group_abort", "t": 2.5}, {"e": "resume", "t": 4.0, "updates": 0}]
