@@ -140,8 +140,12 @@ class Scenario(BaseModel):
     # hung member holds its group this long).
     collective_timeout_s: float = Field(default=20.0, gt=0)
     # The strong and dsec arms' launcher restarts a worker that has not stepped for this
-    # many of its own mean update durations (at least the floor): a window in steps.
-    progress_timeout_updates: float = Field(default=8.0, gt=0)
+    # many of its own mean update durations (at least the floor): a window in steps. A
+    # worker beats at every optimizer step's agreement and all-reduce, so its longest
+    # healthy silence is one update (the largest accumulation window); three leave room
+    # for a straggler's slower updates and stay under the collective timeout on a host
+    # where an update takes 3 s, so the hung member goes before its peers time out.
+    progress_timeout_updates: float = Field(default=3.0, gt=0)
     progress_timeout_min_s: float = Field(default=4.0, gt=0)
     faults: Faults = Faults()
     # Cards of named GPU models (more than workers); None: one anonymous card per worker.

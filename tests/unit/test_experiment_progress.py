@@ -24,6 +24,20 @@ def test_the_timeout_is_counted_in_the_workers_own_updates() -> None:
     assert CONFIG.timeout_s(Beat(0.0, None)) == 16.0  # starting up
 
 
+@pytest.mark.parametrize("update_s", [0.25, 1.5, 3.0, 5.0])
+def test_the_default_watchdog_ends_a_hung_member_before_its_peers_time_out(update_s) -> None:
+    # From the reference host's update time to a host 20x slower, with the scenario's
+    # spans unscaled (``--time-scale 1``, the default): the hung member is ended before the
+    # collective timeout ends its peers too (two interruptions, not one).
+    from dsec.experiment.faults import Scenario
+
+    scenario = Scenario(name="s")
+    watchdog = WatchdogConfig(scenario.progress_timeout_updates,
+                              scenario.progress_timeout_min_s)
+    polled_s = 0.5  # the launcher looks every half second
+    assert watchdog.timeout_s(Beat(0.0, update_s)) + polled_s < scenario.collective_timeout_s
+
+
 def test_the_member_that_stopped_first_is_the_hung_one() -> None:
     # 0 hung at 100 s; 1 entered the all-reduce at 101 s and waits on it
     beats = {0: Beat(100.0, 1.0), 1: Beat(101.0, 1.0)}
