@@ -34,7 +34,7 @@ from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
 from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
 from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
 
-SPARES_PER_ARM = 3  # a NaN burst ends a pair twice within seconds
+SPARES_PER_ARM = 2
 WORKER_NICENESS = 19
 READY_TIMEOUT_S = 600.0  # three arms of trainers at nice 19 on a busy host start slowly
 WATCHDOG_INTERVAL_S = 0.5
@@ -85,20 +85,18 @@ def _spawn_worker(env: dict[str, str], log_path: Path,
     ready_dir = log_path.parent / "ready"
     ready_dir.mkdir(exist_ok=True)
     ready_file = ready_dir / f"{time.monotonic_ns()}"
-    # Workers train at a lower CPU priority than the dsec stacks, in both arms alike: on a
+    # Workers run at a lower CPU priority than the dsec stacks, in both arms alike: on a
     # real cluster the stream jobs and the policy engine have machines of their own and
-    # do not queue behind the trainers for CPU, as they would on one small host. A worker
-    # warms up at the supervisor's priority and lowers its own once ready: a replacement
-    # spare on a real cluster starts on a node of its own, not queued behind every
-    # trainer of the run (at nice 19 among them, its import alone takes a minute here).
+    # do not queue behind the trainers for CPU, as they would on one small host.
     # A process group of their own (out of a terminal's Ctrl-C), but not a session: where
     # the kernel groups CPU time by session (autogroup), a session per worker would give
     # each one a whole session's share whatever its nice value, and 16 of them would
     # outweigh the broker and the stacks 16 to 1.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown),
-         str(WORKER_NICENESS)],
-        env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown)],
+        env=env,
+        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
+        preexec_fn=lambda: os.nice(WORKER_NICENESS))
     process.ready_file = ready_file  # type: ignore[attr-defined]
     return process
 

@@ -480,8 +480,6 @@ class ExperimentWorker:
 
 def main() -> int:
     _warm_up()
-    if len(sys.argv) > 3:  # warm, it trains below the supervisor's priority
-        os.nice(int(sys.argv[3]))
     if len(sys.argv) > 1:  # the supervisor's ready file: this process can take over now
         Path(sys.argv[1]).touch()
     slow_host = SlowHost(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
