@@ -47,6 +47,8 @@ class GroupSync:
             if time.time() > a.end_at_s:
                 return -1
             gen = int(self._store.get(self._gen_key))
+            if not self._await_peers(gen):
+                continue  # the generation moved on, or the run ended, while waiting
             try:
                 dist.init_process_group(
                     "gloo",
@@ -57,6 +59,22 @@ class GroupSync:
                 if dist.is_initialized():
                     dist.destroy_process_group()
                 time.sleep(0.2)
+
+    def _await_peers(self, gen: int) -> bool:
+        """Waits, beating, until every rank has arrived at generation ``gen`` (as
+        torchelastic's rendezvous comes before the process group): a member waiting for
+        a replacement to start is not hung, and the launcher's watchdog sees it beat.
+        False if the generation moved on or the run ended first."""
+        a = self._a
+        prefix = f"{a.arm}/group-{a.group}/arrived/{gen}/"
+        self._store.set(f"{prefix}{a.rank}", "1")
+        ranks = [f"{prefix}{rank}" for rank in range(a.group_size)]
+        while not self._store.check(ranks):
+            if time.time() > a.end_at_s or int(self._store.get(self._gen_key)) != gen:
+                return False
+            self.beat()
+            time.sleep(0.05)
+        return True
 
     def leave(self, gen: int) -> None:
         if dist.is_initialized():
