@@ -34,7 +34,8 @@ from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
 from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
 from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
 
-SPARES_PER_ARM = 2
+MIN_SPARES_PER_ARM = 2
+MAX_SPARES_PER_ARM = 4  # each warm spare holds about 0.4 GB
 WORKER_NICENESS = 19
 READY_TIMEOUT_S = 600.0  # three arms of trainers at nice 19 on a busy host start slowly
 WATCHDOG_INTERVAL_S = 0.5
@@ -66,6 +67,14 @@ class GoodputOptions:
         unknown = set(self.arms) - set(ARMS)
         if not self.arms or unknown:
             raise ValueError(f"arms must be among {', '.join(ARMS)}; got {list(self.arms)}")
+
+
+def spares_per_arm(workers: int) -> int:
+    """Warm spares kept per arm: a NaN burst ends a data-parallel pair twice within
+    seconds, and a spare started in its place warms up at nice 19 behind every trainer
+    (a minute on a loaded 2-core host), so half the arm's workers are kept warm, up to a
+    bound on the memory they hold."""
+    return max(MIN_SPARES_PER_ARM, min(MAX_SPARES_PER_ARM, workers // 2))
 
 
 @dataclass
@@ -327,7 +336,7 @@ def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                                         options.cpu_slowdown)
                 processes.append(process)
                 slots.append(_Slot(arm, index, process, card=cards[index] if cards else None))
-            for _ in range(SPARES_PER_ARM):
+            for _ in range(spares_per_arm(options.workers)):
                 spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log",
                                       options.cpu_slowdown)
                 processes.append(spare)
