@@ -37,9 +37,6 @@ from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_up
 MIN_SPARES_PER_ARM = 2
 MAX_SPARES_PER_ARM = 4  # each warm spare holds about 0.4 GB
 WORKER_NICENESS = 19
-# A worker starts (imports, warm-up, its assignment, joining and restoring) at this
-# niceness, then trains at WORKER_NICENESS: above the trainers, below the stacks.
-STARTUP_NICENESS = 10
 READY_TIMEOUT_S = 600.0  # three arms of trainers at nice 19 on a busy host start slowly
 WATCHDOG_INTERVAL_S = 0.5
 
@@ -97,21 +94,18 @@ def _spawn_worker(env: dict[str, str], log_path: Path,
     ready_dir = log_path.parent / "ready"
     ready_dir.mkdir(exist_ok=True)
     ready_file = ready_dir / f"{time.monotonic_ns()}"
-    # Workers train at a lower CPU priority than the dsec stacks, in both arms alike: on a
+    # Workers run at a lower CPU priority than the dsec stacks, in both arms alike: on a
     # real cluster the stream jobs and the policy engine have machines of their own and
-    # do not queue behind the trainers for CPU, as they would on one small host. A worker
-    # starts above the trainers until it has resumed in its group: a replacement on a
-    # real cluster starts on a node of its own; at nice 19 among 24 trainers its start
-    # alone takes over a minute here.
+    # do not queue behind the trainers for CPU, as they would on one small host.
     # A process group of their own (out of a terminal's Ctrl-C), but not a session: where
     # the kernel groups CPU time by session (autogroup), a session per worker would give
     # each one a whole session's share whatever its nice value, and 16 of them would
     # outweigh the broker and the stacks 16 to 1.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown),
-         str(WORKER_NICENESS - STARTUP_NICENESS)],
-        env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
-        preexec_fn=lambda: os.nice(STARTUP_NICENESS))
+        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown)],
+        env=env,
+        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
+        preexec_fn=lambda: os.nice(WORKER_NICENESS))
     process.ready_file = ready_file  # type: ignore[attr-defined]
     return process
 

@@ -107,10 +107,8 @@ class ExperimentWorker:
     """One assigned worker: its model, probe and actuator hooks, faults and group."""
 
     def __init__(self, a: Assignment, plan: dict[str, Any], assigned_s: float,
-                 slow_host: SlowHost | None = None, training_nice: int = 0) -> None:
+                 slow_host: SlowHost | None = None) -> None:
         self.a = a
-        # added to the niceness once resumed in the group: it starts above the trainers
-        self.training_nice = training_nice
         self.slow_host = slow_host or SlowHost()
         self.arm = ARM_CONFIGS[a.arm]
         self.scenario = plan["scenario"]
@@ -448,9 +446,6 @@ class ExperimentWorker:
         if gen > 0 or updates > 0:  # a resume, not the first start of the run
             dsec.report_resume(RESUME_SOURCES.get(source, "checkpoint"),
                                time.time() - started)
-        if self.training_nice:  # started: it trains at the trainers' priority
-            os.nice(self.training_nice)
-            self.training_nice = 0
         try:
             while time.time() < self.a.end_at_s:
                 self._update()
@@ -488,7 +483,6 @@ def main() -> int:
     if len(sys.argv) > 1:  # the supervisor's ready file: this process can take over now
         Path(sys.argv[1]).touch()
     slow_host = SlowHost(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
-    training_nice = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -496,7 +490,7 @@ def main() -> int:
     assigned_s = time.time()
     torch.set_num_threads(1)
     plan = json.loads(Path(assignment.scenario_file).read_text())
-    ExperimentWorker(assignment, plan, assigned_s, slow_host, training_nice).run(assigned_s)
+    ExperimentWorker(assignment, plan, assigned_s, slow_host).run(assigned_s)
     os._exit(0)
 
 
