@@ -1,4 +1,4 @@
-"""Waiting in a service's main thread for SIGINT/SIGTERM.
+"""Waiting in a service's main thread for SIGINT/SIGTERM; and SIGTERM unwinding a run.
 
 The handler only appends to a list. A handler that sets a ``threading.Event`` takes the
 Event's lock, and a second signal that lands while the first handler holds it runs the
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class StopSignals:
@@ -36,3 +39,24 @@ class StopSignals:
                 return False
             time.sleep(min(self._poll_s, left_s))
         return True
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM raises ``SystemExit(143)`` in the main thread, so the caller's
+    ``finally`` stops what it started (the default action ends the process at once and
+    leaves its children running). A second SIGTERM does not cut that cleanup short. Off
+    the main thread, where no handler can be installed, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _unwind(signum: int, _frame: object) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -240,7 +240,15 @@ def _placement_summary(moves: list[dict], leaky_models: set[str]) -> dict:
 
 def run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     """Runs the arms at once; returns ``{"plain": {...}, "strong": {...}, "dsec": {...},
-    "run": {...}}`` (the arms of ``options.arms``)."""
+    "run": {...}}`` (the arms of ``options.arms``). SIGTERM stops the broker, stacks,
+    actuators and workers it started before the process ends."""
+    from dsec.infra.stop_signals import exit_on_sigterm
+
+    with exit_on_sigterm():
+        return _run_goodput(scenario, options)
+
+
+def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     from contextlib import ExitStack
 
     import torch.distributed as dist

@@ -45,3 +45,30 @@ def test_a_burst_of_signals_stops_the_service_instead_of_wedging_it() -> None:
             except ProcessLookupError:
                 break
         assert service.wait(timeout=30) == 0
+
+
+def test_sigterm_unwinds_a_run_through_its_cleanup_once(tmp_path) -> None:
+    # The goodput experiment's broker, stacks and workers are stopped in a ``finally``;
+    # SIGTERM's default action would skip it and leave them running.
+    import time
+
+    ready, cleaned = tmp_path / "ready", tmp_path / "cleaned"
+    run = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, signal, time\n"
+         "from pathlib import Path\n"
+         "from dsec.infra.stop_signals import exit_on_sigterm\n"
+         "with exit_on_sigterm():\n"
+         "    try:\n"
+         f"        Path({str(ready)!r}).touch()\n"
+         "        time.sleep(60)\n"
+         "    finally:\n"
+         "        os.kill(os.getpid(), signal.SIGTERM)  # a second one: ignored\n"
+         f"        Path({str(cleaned)!r}).touch()\n"])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    run.terminate()
+    assert run.wait(timeout=30) == 128 + signal.SIGTERM
+    assert cleaned.exists()
