@@ -11,7 +11,7 @@ from dsec.cli import app
 
 pytestmark = pytest.mark.integration
 
-ARM_KEYS = {"interruptions", "recovery_mean_s", "recovery_p95_s",
+ARM_KEYS = {"interruptions", "recovery_mean_s", "recovery_p95_s", "unrecovered",
             "effective_training_time_ratio", "steps", "gpu_utilisation", "final_mean_return",
             "steps_per_s", "return_auc", "degraded_ratio", "degraded_s"}
 
