@@ -15,9 +15,6 @@ experiment_app = typer.Typer(no_args_is_help=True, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
 
-TABLE_ROWS = ("interruptions", "recovery_mean_s", "recovery_p95_s", "unrecovered", "lost_work_s",
-              "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
-              "final_mean_return", "return_auc", "degraded_ratio", "degraded_s")
 ARM_TITLES = {"plain": "plain (dsec observing)", "strong": "strong (async ckpt, elastic)"}
 
 
@@ -117,7 +114,7 @@ PLACEMENT_SETTINGS = {"off": (False,), "on": (True,), "both": (False, True)}
 def _print_goodput(runs: list[dict], name: str, workers: int, duration_s: float, seeds: str,
                    as_json: bool, report: Path | None) -> None:
     from dsec.experiment.arms import arms_of
-    from dsec.experiment.report import write_report
+    from dsec.experiment.report import NUMERIC, write_report
 
     result = _combined(runs)
     if report is not None:
@@ -130,7 +127,7 @@ def _print_goodput(runs: list[dict], name: str, workers: int, duration_s: float,
     table.add_column("measure")
     for arm in arms_of(result):
         table.add_column(ARM_TITLES.get(arm, arm), justify="right")
-    for name in TABLE_ROWS:
+    for name in (*NUMERIC, "degraded_s"):
         table.add_row(name, *(_cell(result[arm], name) for arm in arms_of(result)))
     console.print(table)
     if report is not None:
