@@ -3,9 +3,10 @@
 Each arm has its own dsec stack (stream jobs and policy engine, own topic prefix) and N
 worker processes. plain and strong: every policy in dry run, so dsec only observes. dsec:
 the policies act. The same scenario, schedule and seeds drive all three. A supervisor
-restarts a dead worker in every arm the same way (a warm spare, after the scenario's
-restart delay); what differs (``arms.ArmConfig``) is what the group resumes from, whether
-the survivors keep their weights, and how often it has to.
+restarts a dead worker in every arm the same way (a warm spare, forked from the arm's
+fork server of warmed workers, after the scenario's restart delay); what differs
+(``arms.ArmConfig``) is what the group resumes from, whether the survivors keep their
+weights, and how often it has to.
 
 A scenario with a fleet gives each arm cards of named GPU models, more than workers;
 a worker starts on the fleet's layout. Without placement a restarted worker comes back on
@@ -33,9 +34,12 @@ from dsec.experiment.fleet import WORKLOAD, Card, choose_card, first_cards, flee
 from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
 from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
 from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
+from dsec.experiment.warm_forks import ForkedWorker, fork_spare
 
 MIN_SPARES_PER_ARM = 2
-MAX_SPARES_PER_ARM = 4  # each warm spare holds about 0.4 GB
+MAX_SPARES_PER_ARM = 4
+WORKER_MODULE = "dsec.experiment.worker"
+FORK_SERVER_MODULE = "dsec.experiment.warm_forks"
 WORKER_NICENESS = 19
 READY_TIMEOUT_S = 600.0  # three arms of trainers at nice 19 on a busy host start slowly
 WATCHDOG_INTERVAL_S = 0.5
@@ -71,9 +75,8 @@ class GoodputOptions:
 
 def spares_per_arm(workers: int) -> int:
     """Warm spares kept per arm: a NaN burst ends a data-parallel pair twice within
-    seconds, and a spare started in its place warms up at nice 19 behind every trainer
-    (a minute on a loaded 2-core host), so half the arm's workers are kept warm, up to a
-    bound on the memory they hold."""
+    seconds, and the fork that replaces a spare taken waits at nice 19 behind every
+    trainer for its turn, so half the arm's workers are kept ready, between 2 and 4."""
     return max(MIN_SPARES_PER_ARM, min(MAX_SPARES_PER_ARM, workers // 2))
 
 
@@ -81,15 +84,17 @@ def spares_per_arm(workers: int) -> int:
 class _Slot:
     arm: str
     index: int
-    process: subprocess.Popen
+    process: Worker
     incarnation: int = 0
     restart_at: float | None = None
     assigned_at: float = 0.0
     card: Card | None = None
 
 
-def _spawn_worker(env: dict[str, str], log_path: Path,
-                  cpu_slowdown: float = 1.0) -> subprocess.Popen:
+def _spawn_worker(env: dict[str, str], log_path: Path, cpu_slowdown: float = 1.0,
+                  module: str = WORKER_MODULE) -> subprocess.Popen:
+    """A worker waiting for its assignment on stdin, or (``FORK_SERVER_MODULE``) an arm's
+    fork server of warm spares; the ready file is touched once it has warmed up."""
     log = log_path.open("ab")
     ready_dir = log_path.parent / "ready"
     ready_dir.mkdir(exist_ok=True)
@@ -102,7 +107,7 @@ def _spawn_worker(env: dict[str, str], log_path: Path,
     # each one a whole session's share whatever its nice value, and 16 of them would
     # outweigh the broker and the stacks 16 to 1.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsec.experiment.worker", str(ready_file), str(cpu_slowdown)],
+        [sys.executable, "-m", module, str(ready_file), str(cpu_slowdown)],
         env=env,
         stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, process_group=0,
         preexec_fn=lambda: os.nice(WORKER_NICENESS))
@@ -110,7 +115,10 @@ def _spawn_worker(env: dict[str, str], log_path: Path,
     return process
 
 
-def _wait_ready(processes: list[subprocess.Popen], deadline: float) -> None:
+Worker = subprocess.Popen | ForkedWorker
+
+
+def _wait_ready(processes: list[Worker], deadline: float) -> None:
     """Until every process has imported and warmed up (a loaded machine takes a while)."""
     while not all(p.ready_file.exists() for p in processes):  # type: ignore[attr-defined]
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
@@ -118,9 +126,13 @@ def _wait_ready(processes: list[subprocess.Popen], deadline: float) -> None:
         time.sleep(0.2)
 
 
-def _assign(process: subprocess.Popen, assignment: Assignment) -> None:
+def _assign(process: Worker, assignment: Assignment) -> None:
+    line = json.dumps(asdict(assignment)) + "\n"
+    if isinstance(process, ForkedWorker):
+        process.assign(line)
+        return
     assert process.stdin is not None
-    process.stdin.write((json.dumps(asdict(assignment)) + "\n").encode())
+    process.stdin.write(line.encode())
     process.stdin.flush()
 
 
@@ -278,7 +290,7 @@ def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
     sockets: list[Path] = []
     # Unix socket paths are short (108 bytes): the node sockets live under /tmp.
     sockets_root = Path(tempfile.mkdtemp(prefix="dsec-nodes-"))
-    processes: list[subprocess.Popen] = []
+    processes: list[Worker] = []
     arms = options.arms
     fleet = scenario.fleet
     layouts = {arm: fleet_layout(fleet, arm) for arm in arms} if fleet is not None else {}
@@ -336,8 +348,12 @@ def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
             "schedule": [e.to_json() for e in schedule],
         }))
         slots: list[_Slot] = []
-        spares: dict[str, list[subprocess.Popen]] = {arm: [] for arm in arms}
+        spares: dict[str, list[Worker]] = {arm: [] for arm in arms}
+        forks: dict[str, subprocess.Popen] = {}
         for arm in arms:
+            forks[arm] = _spawn_worker(envs[arm], run_dir / arm / "fork-server.log",
+                                       options.cpu_slowdown, FORK_SERVER_MODULE)
+            processes.append(forks[arm])
             cards = first_cards(layouts[arm], options.workers) if fleet is not None else []
             for index in range(options.workers):
                 process = _spawn_worker(envs[arm], run_dir / arm / f"worker-{index:03d}.log",
@@ -345,8 +361,7 @@ def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 processes.append(process)
                 slots.append(_Slot(arm, index, process, card=cards[index] if cards else None))
             for _ in range(spares_per_arm(options.workers)):
-                spare = _spawn_worker(envs[arm], run_dir / arm / "spare.log",
-                                      options.cpu_slowdown)
+                spare = fork_spare(forks[arm], run_dir / arm / "spare.log")
                 processes.append(spare)
                 spares[arm].append(spare)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -411,9 +426,8 @@ def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                         slot.process, slot.restart_at = spare, None
                         slot.assigned_at = time.time()
                         _assign(spare, assignment(slot))
-                        replacement = _spawn_worker(envs[slot.arm],
-                                                    run_dir / slot.arm / "spare.log",
-                                                    options.cpu_slowdown)
+                        replacement = fork_spare(forks[slot.arm],
+                                                 run_dir / slot.arm / "spare.log")
                         processes.append(replacement)
                         spares[slot.arm].append(replacement)
                     continue
@@ -432,10 +446,9 @@ def _run_goodput(scenario: Scenario, options: GoodputOptions) -> dict:
                 slot.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 slot.process.kill()
-        for arm in arms:
-            for spare in spares[arm]:
-                if spare.stdin is not None:
-                    spare.stdin.close()
+        for server in forks.values():  # it ends the spares left and then itself
+            if server.stdin is not None:
+                server.stdin.close()
         decisions = {arm: count_decisions(settings_by_arm[arm], t0_s) for arm in arms}
         (run_dir / "exits.json").write_text(json.dumps(exits))
         result: dict = {}

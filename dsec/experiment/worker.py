@@ -76,7 +76,7 @@ def termination_reason(state: Any, truncated: bool) -> str | None:
     return f"{where}_x{x * 1000:+.2f}mm"
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Everything torch imports lazily on first use (the optimizer pulls in dynamo, for
     one), done before the assignment, so a spare takes over in a fraction of a second."""
     torch.set_num_threads(1)
@@ -479,13 +479,20 @@ class ExperimentWorker:
 
 
 def main() -> int:
-    _warm_up()
+    warm_up()
     if len(sys.argv) > 1:  # the supervisor's ready file: this process can take over now
         Path(sys.argv[1]).touch()
     slow_host = SlowHost(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
     line = sys.stdin.readline()
     if not line.strip():
         return 0
+    run_assigned(line, slow_host)
+    return 0
+
+
+def run_assigned(line: str, slow_host: SlowHost) -> None:
+    """Runs the worker an assignment (one JSON line) describes, until the run ends; then
+    ends the process (its threads and the probe's clients are not joined)."""
     assignment = Assignment(**json.loads(line))
     assigned_s = time.time()
     torch.set_num_threads(1)
