@@ -65,7 +65,7 @@ class GradCompression(LoopSetting[int]):
     def comm_hook(self) -> Any:
         """The DDP communication hook (its state: the process group, None for the default
         one), counted as attached from here on."""
-        self.registered = True
+        self.mark_attached()
 
         # unannotated on purpose: DDP rejects a bucket annotation other than GradBucket,
         # and postponed annotations arrive as strings

@@ -44,6 +44,12 @@ class LoopSetting(Generic[Value]):
     def attached(self) -> bool:
         return self.registered or self.uses > 0
 
+    def mark_attached(self) -> None:
+        """The loop's hook is in place: it takes the setting from its next use on, so a
+        command that comes before that use (the node's desired state, given back to a
+        worker that restarted) waits for it rather than being unsupported."""
+        self.registered = True
+
     def own(self, value: Value) -> None:
         """The worker's own setting: what it runs until a command asks otherwise, and what
         an undo to ``original`` returns to."""

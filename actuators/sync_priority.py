@@ -54,7 +54,7 @@ class SyncPriority(LoopSetting[int]):
         group, such as DDP's all-reduce or the gradient compression's) on this rank's
         weighted bucket, turned into the weighted average. Its state is the process
         group (None: the default one), passed on to ``inner``."""
-        self.registered = True
+        self.mark_attached()
 
         def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
             import torch

@@ -38,6 +38,12 @@ class GroupSync:
         self._gen_key = f"{assignment.arm}/group-{assignment.group}/gen"
         self._dtype = "fp32"
         self.scaler: Any = None
+        # Every update takes all four (``settings`` and ``sync_gradients``): a command that
+        # comes before the first one, as the node's desired state does to a worker that
+        # restarted, is carried out by it.
+        for setting in (controls.precision, controls.grad_accumulation,
+                        controls.grad_compression, controls.sync_priority):
+            setting.mark_attached()
 
     def join(self) -> int:
         """Joins the group's current generation; -1 once the run is over."""

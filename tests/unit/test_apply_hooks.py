@@ -179,6 +179,22 @@ def test_precision_a_loop_never_ran_under_is_unsupported_and_says_how_to_attach(
         assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.float16
 
 
+def test_a_command_before_an_attached_loops_first_use_waits_for_it() -> None:
+    # The node's desired state given back to a restarted worker whose loop is in place
+    # but has not stepped yet: applied by that first step, not unsupported.
+    for setting, params, value in (
+            (AutocastController("cpu"), PrecisionParams(dtype="fp16"), "fp16"),
+            (GradAccumulation(), GradAccumulationParams(steps=4), 4),
+            (GradCompression(), GradCompressionParams(bits=4), 4),
+            (SyncPriority(), SyncPriorityParams(level=-3), -3)):
+        setting.mark_attached()
+        pending = setting.apply(params)
+        assert isinstance(pending, Pending) and pending.settle() is None
+        setting.take(value)
+        effect = pending.settle()
+        assert effect.status is ActuationStatus.APPLIED and effect.in_force == str(value)
+
+
 def test_undo_returns_to_the_workers_own_precision() -> None:
     for own in ("fp32", "bf16"):
         controller = AutocastController("cpu")
@@ -199,7 +215,7 @@ def test_a_setting_the_loop_stops_using_is_unsupported_after_a_while() -> None:
     now = [0.0]
     compression = GradCompression()
     compression._clock_s = lambda: now[0]
-    compression.registered = True  # a hook is in place, but no bucket runs through it
+    compression.mark_attached()  # a hook is in place, but no bucket runs through it
     pending = compression.apply(GradCompressionParams(bits=8))
     assert pending.settle() is None
     now[0] = 121.0
