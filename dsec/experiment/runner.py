@@ -80,6 +80,10 @@ def spares_per_arm(workers: int) -> int:
     return max(MIN_SPARES_PER_ARM, min(MAX_SPARES_PER_ARM, workers // 2))
 
 
+# A worker process: a new interpreter (``_spawn_worker``) or a fork of an arm's fork server.
+Worker = subprocess.Popen | ForkedWorker
+
+
 @dataclass
 class _Slot:
     arm: str
@@ -113,9 +117,6 @@ def _spawn_worker(env: dict[str, str], log_path: Path, cpu_slowdown: float = 1.0
         preexec_fn=lambda: os.nice(WORKER_NICENESS))
     process.ready_file = ready_file  # type: ignore[attr-defined]
     return process
-
-
-Worker = subprocess.Popen | ForkedWorker
 
 
 def _wait_ready(processes: list[Worker], deadline: float) -> None:

@@ -57,8 +57,6 @@ class ForkedWorker:
     """The supervisor's handle on a forked spare, with the part of ``Popen``'s interface
     the supervisor uses: ``poll``, ``kill``, ``wait``, ``ready_file``."""
 
-    stdin = None
-
     def __init__(self, server: subprocess.Popen, ready_file: Path) -> None:
         self.server = server
         self.ready_file = ready_file
