@@ -34,7 +34,7 @@ from dsec.experiment.fleet import WORKLOAD, Card, choose_card, first_cards, flee
 from dsec.experiment.measure import ArmResult, measure_arm, read_timelines
 from dsec.experiment.progress import Beat, WatchdogConfig, read_beat, slots_to_restart
 from dsec.experiment.slow_host import REFERENCE_UPDATE_S, SlowHost, calibrate_update_s
-from dsec.experiment.warm_forks import ForkedWorker, fork_spare
+from dsec.experiment.warm_forks import ForkedWorker, fork_spare, new_ready_file
 
 MIN_SPARES_PER_ARM = 2
 MAX_SPARES_PER_ARM = 4
@@ -100,9 +100,7 @@ def _spawn_worker(env: dict[str, str], log_path: Path, cpu_slowdown: float = 1.0
     """A worker waiting for its assignment on stdin, or (``FORK_SERVER_MODULE``) an arm's
     fork server of warm spares; the ready file is touched once it has warmed up."""
     log = log_path.open("ab")
-    ready_dir = log_path.parent / "ready"
-    ready_dir.mkdir(exist_ok=True)
-    ready_file = ready_dir / f"{time.monotonic_ns()}"
+    ready_file = new_ready_file(log_path)
     # Workers run at a lower CPU priority than the dsec stacks, in both arms alike: on a
     # real cluster the stream jobs and the policy engine have machines of their own and
     # do not queue behind the trainers for CPU, as they would on one small host.

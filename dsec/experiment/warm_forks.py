@@ -32,6 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
+from dsec.actuators.snapshot_store import write_atomically
+
 REAP_INTERVAL_S = 0.05
 ASSIGNMENT_POLL_S = 0.02
 # The return code of a spare that ended after its server did: no one reaped it for us.
@@ -46,11 +48,11 @@ def exit_file(ready_file: Path) -> Path:
     return ready_file.with_name(ready_file.name + ".exit")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """The whole text or no file: a reader polling for ``path`` never sees half of it."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.rename(path)
+def new_ready_file(log_path: Path) -> Path:
+    """A fresh path, beside the log, that a worker creates once it can take over."""
+    ready_dir = log_path.parent / "ready"
+    ready_dir.mkdir(exist_ok=True)
+    return ready_dir / f"{time.monotonic_ns()}"
 
 
 class ForkedWorker:
@@ -61,15 +63,16 @@ class ForkedWorker:
         self.server = server
         self.ready_file = ready_file
         self.returncode: int | None = None
+        self._pid: int | None = None
         self._pidfd: int | None = None
 
     @property
     def pid(self) -> int | None:
-        """None until the spare is ready."""
-        try:
-            return int(self.ready_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        """None until the spare is ready (the ready file is read until then)."""
+        if self._pid is None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                self._pid = int(self.ready_file.read_text())
+        return self._pid
 
     def _open_pidfd(self) -> int | None:
         if self._pidfd is None and (pid := self.pid) is not None:
@@ -113,15 +116,13 @@ class ForkedWorker:
         return code
 
     def assign(self, line: str) -> None:
-        write_atomically(assignment_file(self.ready_file), line)
+        write_atomically(assignment_file(self.ready_file), line.encode())
 
 
 def fork_spare(server: subprocess.Popen, log_path: Path) -> ForkedWorker:
     """Asks ``server`` (a process running this module) for a spare that logs to
     ``log_path``; returns at once, the spare forked as soon as the server gets to it."""
-    ready_dir = log_path.parent / "ready"
-    ready_dir.mkdir(exist_ok=True)
-    ready_file = ready_dir / f"{time.monotonic_ns()}"
+    ready_file = new_ready_file(log_path)
     assert server.stdin is not None
     server.stdin.write((json.dumps({"ready_file": str(ready_file),
                                     "log": str(log_path)}) + "\n").encode())
@@ -142,7 +143,7 @@ def _spare(request: dict, cpu_slowdown: float, server_pid: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     ready_file = Path(request["ready_file"])
-    write_atomically(ready_file, str(os.getpid()))
+    write_atomically(ready_file, str(os.getpid()).encode())
     assigned = assignment_file(ready_file)
     while not assigned.exists():
         if os.getppid() != server_pid:  # the run is over, or its supervisor is gone
@@ -179,7 +180,8 @@ def _reap(children: dict[int, Path]) -> None:
             return
         ready_file = children.pop(pid, None)
         if ready_file is not None:
-            write_atomically(exit_file(ready_file), str(os.waitstatus_to_exitcode(status)))
+            write_atomically(exit_file(ready_file),
+                             str(os.waitstatus_to_exitcode(status)).encode())
 
 
 def serve(ready_file: Path | None, cpu_slowdown: float) -> int:
