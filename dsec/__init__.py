@@ -8,7 +8,8 @@ Three lines in a training script::
 
 and, for the actions that change the loop: ``with dsec.autocast():`` around the
 forward pass, ``dsec.controls()`` for the rest, ``dsec.enable_snapshots(model, opt)``
-and ``dsec.restore(location, model, opt)``.
+and ``dsec.restore(location, model, opt)``; ``dsec.skip_nonfinite_steps(opt)`` keeps a NaN
+step off the weights.
 Or ``env = dsec.wrap_env(env)`` for episodes, ``dsec.training_step()`` around a custom
 step, ``dsec.watch_ddp(model)`` for DDP buckets, ``dsec.sb3_callback()`` for SB3,
 ``dsec.trainer_callback()`` for transformers and TRL.
@@ -38,7 +39,7 @@ _NAMES: dict[str, str] = {
             "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
             "enable_snapshots", "init", "note_accumulation", "note_grad_norm", "on_action",
             "report_episode_end", "report_resume", "report_step", "restore", "sb3_callback",
-            "shutdown", "trainer_callback",
+            "shutdown", "skip_nonfinite_steps", "trainer_callback",
             "training_step", "watch_ddp", "wrap_env",
         )
     },

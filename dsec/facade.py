@@ -24,6 +24,7 @@ from pydantic import SecretStr
 
 from dsec.actuators.restore import RestoredState
 from dsec.actuators.restore import restore as _restore
+from dsec.actuators.step_guard import NonFiniteStepGuard
 from dsec.actuators.worker_controls import WorkerControls
 from dsec.ingest import ProbeConfig, ProbeCounters
 from dsec.ingest.current import set_current_probe
@@ -55,6 +56,7 @@ __all__ = [
     "restore",
     "sb3_callback",
     "shutdown",
+    "skip_nonfinite_steps",
     "trainer_callback",
     "training_step",
     "watch_ddp",
@@ -291,6 +293,13 @@ def autocast(dtype: str | None = None) -> Any:
     (bf16, fp16 with ``dsec.controls().precision.scaler``, fp32) between steps.
     ``dtype``: this loop's own precision (default fp32), which an undo returns to."""
     return current().controls.precision(dtype)
+
+
+def skip_nonfinite_steps(optimizer: Any) -> NonFiniteStepGuard:
+    """Keeps every optimizer step whose gradients hold a NaN or an Inf off the weights and
+    the optimizer's moments, as loss scaling does in fp16, at any precision (one fused norm
+    and one read to the host a step). Returns the guard: ``skipped_steps`` counts them."""
+    return NonFiniteStepGuard(optimizer)
 
 
 def enable_snapshots(

@@ -25,6 +25,9 @@ class ArmConfig:
     # The launcher restarts a worker whose update counter stopped advancing while the
     # process lives on (NVRx's in-job heartbeat from the training loop).
     progress_watchdog: bool
+    # dsec's step guard (``dsec.skip_nonfinite_steps``): an optimizer step whose gradients
+    # are not finite is skipped at any precision, as loss scaling does in fp16.
+    skip_nonfinite_steps: bool = False
 
 
 PLAIN = ArmConfig("plain", dry_run=True, async_checkpoints=False, dsec_snapshots=False,
@@ -33,7 +36,7 @@ STRONG = ArmConfig("strong", dry_run=True, async_checkpoints=True, dsec_snapshot
                    elastic=True, progress_watchdog=True)
 # dsec on top of the same launcher as the strong arm: what it adds is prevention.
 DSEC = ArmConfig("dsec", dry_run=False, async_checkpoints=False, dsec_snapshots=True,
-                 elastic=True, progress_watchdog=True)
+                 elastic=True, progress_watchdog=True, skip_nonfinite_steps=True)
 ARM_CONFIGS: dict[str, ArmConfig] = {arm.name: arm for arm in (PLAIN, STRONG, DSEC)}
 ARMS: tuple[str, ...] = tuple(ARM_CONFIGS)
 

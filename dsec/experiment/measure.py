@@ -9,7 +9,9 @@ Definitions (wall seconds of the run):
   point older than its progress (counted against effective time, shown apart);
 - effective training time ratio: step time of updates that were kept, over workers x
   wall time: an update undone by a rollback (the group resumed from before it) is not
-  productive, nor is a step taken with the sampler paused;
+  productive, nor is a step taken with the sampler paused, nor the share of an update's
+  optimizer steps that were skipped (non-finite gradients, by loss scaling or dsec's
+  step guard);
 - GPU utilisation: simulated device busy time over workers x wall time;
 - steps per second: every optimizer step taken (kept or later lost) over wall time;
 - return: the final mean return, and the area under the return curve (each twelfth's
@@ -72,6 +74,14 @@ class WorkerMeasure:
     updates_done: int = 0  # kept or not
     degraded_s: dict[str, float] = field(default_factory=dict)
     degraded_any_s: float = 0.0
+    steps_skipped: int = 0  # optimizer steps kept off the weights (non-finite gradients)
+
+
+def kept_share(event: Event) -> float:
+    """The share of an update's optimizer steps that changed the weights."""
+    steps = int(event.get("opt_steps", 0))  # type: ignore[call-overload]
+    skipped = int(event.get("skipped", 0))  # type: ignore[call-overload]
+    return 1.0 - skipped / steps if steps else 1.0
 
 
 def measure_worker(events: Sequence[Event], t0_s: float, end_at_s: float) -> WorkerMeasure:
@@ -92,7 +102,8 @@ def measure_worker(events: Sequence[Event], t0_s: float, end_at_s: float) -> Wor
                     result.degraded_s[mode] = result.degraded_s.get(mode, 0.0) + inside
                 result.degraded_any_s += inside if modes else 0.0
             if inside > 0 and kind == "update":
-                kept.append((int(event["updates"]), inside))  # type: ignore[arg-type]
+                kept.append((int(event["updates"]), inside * kept_share(event)))  # type: ignore[arg-type]
+                result.steps_skipped += int(event.get("skipped", 0))  # type: ignore[call-overload]
                 result.busy_s += float(event.get("busy_s", 0.0)) * inside / dur  # type: ignore[arg-type]
         elif kind == "resume":
             resumed_at = int(event["updates"])  # type: ignore[arg-type]
@@ -193,6 +204,7 @@ class ArmResult:
     action_timeline: list[dict]
     deaths: list[dict]
     per_worker: dict[int, dict]
+    steps_skipped: int = 0
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -251,4 +263,5 @@ def measure_arm(timelines: Mapping[int, Sequence[Event]], t0_s: float,
                            "lost_work_s": round(w.lost_work_s, 2),
                            "updates_kept": w.updates_kept}
                     for slot, w in workers.items()},
+        steps_skipped=sum(w.steps_skipped for w in workers.values()),
     )

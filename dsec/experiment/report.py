@@ -12,7 +12,7 @@ from dsec.report import svg_chart
 
 NUMERIC = ("interruptions", "recovery_mean_s", "recovery_p95_s", "unrecovered", "lost_work_s",
            "effective_training_time_ratio", "steps", "steps_per_s", "gpu_utilisation",
-           "final_mean_return", "return_auc", "degraded_ratio")
+           "final_mean_return", "return_auc", "degraded_ratio", "steps_skipped")
 
 
 def combine_seeds(runs: list[dict]) -> dict:

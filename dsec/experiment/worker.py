@@ -150,6 +150,9 @@ class ExperimentWorker:
         self.mode = (1, "fp32")  # the group's accumulation window and precision last run
         dsec.enable_snapshots(self.model, self.optimizer, directory=str(self.snapshot_dir),
                               extra_state=lambda: {"updates": self.updates})
+        if self.arm.skip_nonfinite_steps:
+            dsec.skip_nonfinite_steps(self.optimizer)
+        self.opt_steps = self.skipped_steps = 0  # this update's optimizer steps, and skipped
         self.runtime.hooks.observe(self._record_effect)
 
         self.group = GroupSync(a, self.params, self.optimizer, self.controls,
@@ -312,6 +315,7 @@ class ExperimentWorker:
         # long episodes leave few step boundaries) take effect before its first step.
         dsec.apply_pending()
         config, optimizer = self.config, self.optimizer
+        self.opt_steps = self.skipped_steps = 0
         micro = 0  # micro-steps into the current optimizer step's window
         for _epoch in range(config.epochs):
             indices = [None] * config.minibatches if batch is None else \
@@ -348,13 +352,22 @@ class ExperimentWorker:
                 dsec.clip_grad_norm_(self.params, config.max_grad_norm)
                 if batch is not None:
                     dsec.report_step(loss.detach() * window)
+                taken_before = self._steps_applied()
                 scaler.step(optimizer)  # skipped when the gradients are not finite
+                self.opt_steps += 1
+                self.skipped_steps += self._steps_applied() == taken_before
                 scaler.update()
                 optimizer.zero_grad(set_to_none=False)
                 if not all(bool(torch.isfinite(p).all()) for p in self.params):
                     self.die("nan", "non-finite weights after an optimizer step")
         if micro:  # an unfinished window: its gradients are not carried into the next update
             optimizer.zero_grad(set_to_none=False)
+
+    def _steps_applied(self) -> float:
+        """Adam's step count: it does not move on a step that loss scaling or the step
+        guard skipped."""
+        state = self.optimizer.state[self.params[0]]
+        return float(state["step"]) if "step" in state else 0.0
 
     def _checkpoint_if_due(self) -> None:
         if self.a.rank != 0 or time.time() - self.last_checkpoint_s \
@@ -412,6 +425,7 @@ class ExperimentWorker:
                             updates=self.updates, dur=round(time.time() - t_start, 4),
                             window=window, dtype=dtype,
                             bits=self.controls.grad_compression.bits,
+                            opt_steps=self.opt_steps, skipped=self.skipped_steps,
                             busy_s=round(self.gpu.busy_total_s - busy_before_s, 4),
                             mem_gib=round(self.gpu.used_bytes / GIB, 2))
         self.trained_in_memory = True

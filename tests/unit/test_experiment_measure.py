@@ -52,6 +52,17 @@ def test_a_worker_still_down_at_the_end_counts_its_recovery_to_the_end() -> None
     assert (arm.recovery_mean_s, arm.unrecovered) == (6.0, 1)
 
 
+def test_skipped_optimizer_steps_are_not_productive() -> None:
+    events = [{"e": "resume", "t": 0.0, "updates": 0},
+              {**_update(1.0, 1), "opt_steps": 8, "skipped": 2}, _update(2.0, 2),
+              {**_update(3.0, 3), "opt_steps": 8, "skipped": 8}]
+    measure = measure_worker(events, 0.0, 4.0)
+    assert measure.productive_s == pytest.approx(1.75)
+    assert measure.steps_skipped == 10
+    assert measure.interruptions == 0
+    assert measure_arm({0: events}, 0.0, 4.0).steps_skipped == 10
+
+
 def test_a_survivor_that_rolls_back_loses_work_without_an_interruption() -> None:
     events = [{"e": "resume", "t": 0.0, "updates": 0}, _update(1, 1), _update(2, 2),
               {"e": "group_abort", "t": 2.5}, {"e": "resume", "t": 4.0, "updates": 0}]

@@ -12,7 +12,7 @@ def test_dsec_public_names() -> None:
         "WorkerRuntime", "apply_pending", "autocast", "clip_grad_norm_", "controls", "current",
         "enable_snapshots", "init", "note_accumulation", "note_grad_norm", "on_action",
         "report_episode_end", "report_resume", "report_step", "restore", "sb3_callback",
-        "shutdown", "trainer_callback",
+        "shutdown", "skip_nonfinite_steps", "trainer_callback",
         "training_step", "watch_ddp", "wrap_env",
     }
     assert all(hasattr(dsec, name) for name in dsec.__all__)
