@@ -71,7 +71,7 @@ class ApplyHooks:
         if isinstance(result, Pending):
             self._waiting[kind] = _Waiting(actuation_id, result)
             if result.now is not None:
-                self._observe(kind, actuation_id, result.now)
+                self._finish(kind, actuation_id, result.now, later=False)
             return result.now
         effect = result if isinstance(result, Effect) else Effect.applied(result or "")
         self._finish(kind, actuation_id, effect, later=False)
@@ -97,7 +97,11 @@ class ApplyHooks:
                 effect = waiting.pending.settle()
             except Exception as exc:
                 effect = Effect(ActuationStatus.FAILED, f"{type(exc).__name__}: {exc}")
-            if effect is not None:
+            if isinstance(effect, Pending):  # still watched, or waiting again
+                waiting.pending = effect
+                if effect.now is not None:
+                    self._finish(kind, waiting.actuation_id, effect.now, later=True)
+            elif effect is not None:
                 del self._waiting[kind]
                 self._finish(kind, waiting.actuation_id, effect, later=True)
         settled, self._settled = self._settled, []
@@ -111,6 +115,8 @@ class ApplyHooks:
         waiting = self._waiting.pop(kind, None)
         if waiting is None or (by is not None and waiting.actuation_id == by):
             return  # nothing waiting, or the same command again (re-sent on registration)
+        if waiting.actuation_id is not None and self.in_force.get(kind) == waiting.actuation_id:
+            return  # applied and watched: the newer command takes over from it
         effect = Effect(ActuationStatus.SUPERSEDED,
                         f"superseded by {by or 'a newer command'} before it took effect")
         self._settled.append(Settled(waiting.actuation_id, kind, effect))
@@ -121,6 +127,8 @@ class ApplyHooks:
         """``later``: settled after ``apply`` returned, so ``settle`` hands it on."""
         if effect.status is ActuationStatus.APPLIED and actuation_id is not None:
             self.in_force[kind] = actuation_id
+        elif actuation_id is not None and self.in_force.get(kind) == actuation_id:
+            del self.in_force[kind]  # the command in force is no longer (a lifted cap)
         if later:
             self._settled.append(Settled(actuation_id, kind, effect))
         self._observe(kind, actuation_id, effect)

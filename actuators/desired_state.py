@@ -74,6 +74,17 @@ class DesiredStateBook:
                 return True
         return False
 
+    def mark_not_applied(self, key: WorkerKey, actuation_id: str) -> None:
+        """A later answer says a command no longer holds (a cap lifted because the live
+        memory outgrew it): it stays desired, and is no longer in force."""
+        for slot in self._slots.get(key, {}).values():
+            if slot.command.actuation_id == actuation_id:
+                slot.applied = False
+        in_force = self._in_force.get(key, {})
+        for kind, command in list(in_force.items()):
+            if command.actuation_id == actuation_id:
+                del in_force[kind]
+
     def requested(self, key: WorkerKey) -> dict[ActionKind, ActuationCommand]:
         """The latest command of each action for the worker, applied or not."""
         return {kind: slot.command for kind, slot in self._slots.get(key, {}).items()}

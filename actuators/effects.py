@@ -42,9 +42,12 @@ class Effect:
 class Pending:
     """An effect the loop takes up later: ``settle`` is asked at each step boundary (on the
     training thread) until it returns the Effect. ``now``, when given, is reported at once
-    (a ``deferred`` result); otherwise nothing is until it settles."""
+    (a ``deferred`` result, or an ``applied`` one whose effect is watched on); otherwise
+    nothing is until it settles. ``settle`` may return another Pending: its ``now`` is
+    reported, and its own ``settle`` is asked from then on (a cap that had to be lifted
+    waits to be set again)."""
 
-    settle: Callable[[], Effect | None]
+    settle: Callable[[], Effect | Pending | None]
     now: Effect | None = None
 
 

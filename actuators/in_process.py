@@ -52,8 +52,8 @@ class HookApplier(Applier):
         if isinstance(verdict, OutOfOrder):
             return Outcome(ActuationStatus.STALE, verdict.detail(command))
         effect = self.hooks.try_apply(command.action, command.actuation_id)
-        if effect is None or effect.status is ActuationStatus.DEFERRED:
-            self._pending[command.actuation_id] = command
+        if command.actuation_id in self.hooks.pending().values():
+            self._pending[command.actuation_id] = command  # a later result will come
         if effect is None:
             return None
         return Outcome(effect.status, effect.detail, effect.requested, effect.in_force)
@@ -62,13 +62,16 @@ class HookApplier(Applier):
         """Reports the commands the loop has taken up since the last call; how many."""
         reported = 0
         for settled in self.hooks.settle():
-            command = self._pending.pop(settled.actuation_id or "", None)
+            command = self._pending.get(settled.actuation_id or "")
             if command is None:
                 continue
             effect = settled.effect
             self._results.report(command, effect.status, effect.detail,
                                  requested=effect.requested, in_force=effect.in_force)
             reported += 1
+        waiting = set(self.hooks.pending().values())
+        for actuation_id in [a for a in self._pending if a not in waiting]:
+            del self._pending[actuation_id]
         return reported
 
 

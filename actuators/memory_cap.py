@@ -1,10 +1,14 @@
 """Memory cap: a hard per-process fraction on a GPU, a soft budget on a CPU host.
 
-On a GPU a fraction below what the process already holds would make its next allocation
+On a GPU a fraction below what the process's live tensors need makes its next allocation
 fail: the cap would cause the OOM it exists to prevent. So cached blocks are released
-first (``empty_cache``); if the live allocations still exceed the cap, the cap is
-``deferred`` and set at the first step boundary where they have fallen under it. The
-fraction is read back from the allocator once set.
+first (``empty_cache``), and the cap is set only while the live allocations fit under it
+with a margin: a tenth of the cap, or the most they have grown between two step
+boundaries, whichever is more. Otherwise it is ``deferred`` and set at the first step
+boundary where they fit. Once set it is watched at every step boundary: live memory that
+grows into the margin (a leak of live tensors, which no cap reclaims) gets the cap lifted,
+reported ``deferred`` with the reason, and set again once the live allocations fit. The
+fraction is read back from the allocator whenever it is set or lifted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from dsec.schemas.actuations import MemoryCapParams
 
 # How long a soft budget waits for a first check by the probe before it is unsupported.
 FIRST_CHECK_MAX_S = 120.0
+# The least of a cap kept free above the live allocations while it is set.
+HEADROOM_SHARE = 0.1
+# The margin is at least this many times the most the live allocations grew between two
+# step boundaries (a step's working set, or an episode's leak, that lands at once).
+GROWTH_MARGIN_FACTOR = 1.0
 
 
 class CudaMemoryApi(Protocol):
@@ -110,6 +119,9 @@ class MemoryCap:
         self.in_force_bytes: int | None = None  # read back
         self.enforced_on_gpu = False
         self.deferrals = 0
+        self.lifts = 0  # caps lifted because the live allocations outgrew them
+        self.max_growth_bytes = 0  # between two step boundaries, while a cap was watched
+        self._last_live_bytes: int | None = None
         self.checks = 0
         self.violations = 0
         self.last_violation_bytes = 0
@@ -121,34 +133,71 @@ class MemoryCap:
         self.enforced_on_gpu = True  # the allocator enforces it, once set
         device = self._device if self._device is not None else self._cuda.current_device()
         self._cuda.empty_cache()
-        held = self._cuda.memory_allocated(device)
-        if held <= limit:
+        self._last_live_bytes = None  # growth counts between step boundaries watched
+        live = self._live(device)
+        if live + self.margin_bytes(limit) <= limit:
             return self._set(device, limit, "")
         self.deferrals += 1
-        deferred = Effect(
+        return self._wait(device, limit, Effect(
             ActuationStatus.DEFERRED,
-            f"cuda:{device} cap of {limit} bytes deferred: the process holds {held} bytes "
-            "after releasing cached blocks; set once its use falls under the cap",
-            str(limit), None if self.in_force_bytes is None else str(self.in_force_bytes))
+            f"cuda:{device} cap of {limit} bytes deferred: the process holds {live} bytes "
+            f"after releasing cached blocks, and {self.margin_bytes(limit)} must stay free "
+            "under the cap; set once they fit",
+            str(limit), None if self.in_force_bytes is None else str(self.in_force_bytes)))
 
-        def settle() -> Effect | None:
-            if self._cuda.memory_allocated(device) > limit:
+    def margin_bytes(self, limit: int) -> int:
+        """What must stay free under a cap above the live allocations."""
+        return max(int(HEADROOM_SHARE * limit), int(GROWTH_MARGIN_FACTOR * self.max_growth_bytes))
+
+    def _live(self, device: int) -> int:
+        """The live allocations now; notes how much they grew since the last look."""
+        live = self._cuda.memory_allocated(device)
+        if self._last_live_bytes is not None:
+            self.max_growth_bytes = max(self.max_growth_bytes, live - self._last_live_bytes)
+        self._last_live_bytes = live
+        return live
+
+    def _set(self, device: int, limit: int, note: str) -> Pending:
+        """Sets the cap and watches it at every step boundary from then on."""
+        total = self._cuda.total_bytes(device)
+        self._cuda.set_fraction(min(1.0, limit / total), device)
+        fraction = self._cuda.get_fraction(device)
+        self.in_force_bytes = int(fraction * total)
+        applied = Effect.applied(f"cuda:{device} capped at {fraction:.3f} of {total} bytes{note}",
+                                 limit, self.in_force_bytes)
+
+        def watch() -> Pending | None:
+            if self.limit_bytes != limit:
+                return None
+            live = self._live(device)
+            margin = self.margin_bytes(limit)
+            if live + margin <= limit:
+                return None
+            self._cuda.set_fraction(1.0, device)
+            self.in_force_bytes = int(self._cuda.get_fraction(device) * total)
+            self.lifts += 1
+            return self._wait(device, limit, Effect(
+                ActuationStatus.DEFERRED,
+                f"cuda:{device} cap of {limit} bytes lifted: the live allocations reached "
+                f"{live} bytes, within {margin} of it, and no cap reclaims live tensors (the "
+                "next allocation over it would fail: an OOM); set again once they fit",
+                str(limit), str(self.in_force_bytes)))
+
+        return Pending(watch, now=applied)
+
+    def _wait(self, device: int, limit: int, now: Effect) -> Pending:
+        """Waits for the live allocations to fit under the cap with its margin, then sets it."""
+
+        def settle() -> Pending | None:
+            if self._live(device) + self.margin_bytes(limit) > limit:
                 if self._cuda.memory_reserved(device) > limit:
                     # cached blocks must not take the card while the cap waits
                     self._cuda.empty_cache()
                 return None
             self._cuda.empty_cache()
-            return self._set(device, limit, " (deferred until the process held less)")
+            return self._set(device, limit, " (deferred until the live allocations fitted)")
 
-        return Pending(settle, now=deferred)
-
-    def _set(self, device: int, limit: int, note: str) -> Effect:
-        total = self._cuda.total_bytes(device)
-        self._cuda.set_fraction(min(1.0, limit / total), device)
-        fraction = self._cuda.get_fraction(device)
-        self.in_force_bytes = int(fraction * total)
-        return Effect.applied(f"cuda:{device} capped at {fraction:.3f} of {total} bytes{note}",
-                              limit, self.in_force_bytes)
+        return Pending(settle, now=now)
 
     def _soft_budget(self, limit: int) -> Effect | Pending:
         self.enforced_on_gpu = False

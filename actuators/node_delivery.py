@@ -139,6 +139,8 @@ class NodeDelivery(Applier):
                 None)
             if answer.status is ActuationStatus.APPLIED:
                 self._book.mark_applied(key, answer.actuation_id)
+            else:
+                self._book.mark_not_applied(key, answer.actuation_id)
             self._book.forget_answered(key, answer.actuation_id)
             self._save()
         detail = f"re-applied on registration: {answer.detail}" if answer.replay else answer.detail

@@ -25,7 +25,8 @@ def check() -> Outcome:
         return Outcome("skipped", f"{free_bytes / GIB:.1f} GiB free on cuda:{device}; the "
                                   f"check needs {FREE_NEEDED_BYTES / GIB:.0f}")
     figures: dict[str, Any] = {"cap_bytes": CAP_BYTES, "total_bytes": total_bytes}
-    figures["apply_detail"] = MemoryCap().apply(MemoryCapParams(limit_bytes=CAP_BYTES))
+    applied = MemoryCap().apply(MemoryCapParams(limit_bytes=CAP_BYTES))
+    figures["apply_detail"] = getattr(applied, "now", applied)  # a set cap is watched on
     under = torch.empty(2 * GIB // 4, device=device)  # half the cap
     problems = []
     try:

@@ -23,7 +23,7 @@ from dsec.actuators.snapshot_trigger import SnapshotTrigger
 from dsec.actuators.snapshotter import SnapshotConfig, Snapshotter
 from dsec.actuators.sync_priority import SyncPriority
 from dsec.actuators.worker_controls import WorkerControls
-from dsec.schemas import ActuationStatus
+from dsec.schemas import ActionKind, ActuationStatus
 from dsec.schemas.actuations import (
     GIB,
     GradAccumulationParams,
@@ -96,7 +96,9 @@ def settled(outcome: Effect | Pending) -> Effect:
 def test_memory_cap_sets_the_cuda_fraction_and_reads_it_back() -> None:
     cuda = CudaMemoryDouble(total_bytes=16 * GIB, allocated_bytes=GIB, cached_bytes=GIB)
     cap = MemoryCap(cuda=cuda, device=1)
-    effect = cap.apply(MemoryCapParams(limit_bytes=4 * GIB))
+    watched = cap.apply(MemoryCapParams(limit_bytes=4 * GIB))
+    assert isinstance(watched, Pending) and watched.now is not None
+    effect = watched.now
     assert cuda.fractions == [(0.25, 1)] and "cuda:1" in effect.detail
     assert (effect.status, effect.requested, effect.in_force) == (
         ActuationStatus.APPLIED, str(4 * GIB), str(4 * GIB))
@@ -118,10 +120,65 @@ def test_a_cuda_cap_below_what_the_process_holds_is_deferred_then_applied() -> N
     cuda.cached_bytes = GIB  # the allocator caches again while the cap waits
     assert pending.settle() is None and cuda.cached_bytes == 0 and cuda.fractions == []
     cuda.allocated_bytes = 3 * GIB  # the loop let go of what it held
-    effect = pending.settle()
-    assert effect is not None and effect.status is ActuationStatus.APPLIED
+    watched = pending.settle()
+    assert isinstance(watched, Pending) and watched.now is not None
+    effect = watched.now
+    assert effect.status is ActuationStatus.APPLIED
     assert "deferred" in effect.detail and cuda.fractions == [(0.25, 0)]
     assert effect.in_force == str(4 * GIB) and cap.deferrals == 1
+
+
+def test_a_cap_needs_a_tenth_of_itself_free_above_the_live_allocations() -> None:
+    cuda = CudaMemoryDouble(total_bytes=16 * GIB, allocated_bytes=int(3.7 * GIB))
+    pending = MemoryCap(cuda=cuda, device=0).apply(MemoryCapParams(limit_bytes=4 * GIB))
+    assert isinstance(pending, Pending) and pending.now is not None
+    assert pending.now.status is ActuationStatus.DEFERRED and cuda.fractions == []
+
+
+def test_a_cap_the_live_allocations_grow_into_is_lifted_then_set_again() -> None:
+    cuda = CudaMemoryDouble(total_bytes=16 * GIB, allocated_bytes=2 * GIB)
+    cap = MemoryCap(cuda=cuda, device=0)
+    watched = cap.apply(MemoryCapParams(limit_bytes=4 * GIB))
+    assert isinstance(watched, Pending) and watched.now is not None
+    assert watched.now.status is ActuationStatus.APPLIED
+    cuda.allocated_bytes = int(2.5 * GIB)  # live tensors leak: the margin becomes 0.5 GiB
+    assert watched.settle() is None and cap.margin_bytes(4 * GIB) == GIB // 2
+    cuda.allocated_bytes = int(3.3 * GIB)  # 0.8 GiB more: 0.8 GiB must stay free
+    waiting = watched.settle()
+    assert isinstance(waiting, Pending) and waiting.now is not None
+    assert waiting.now.status is ActuationStatus.DEFERRED and "lifted" in waiting.now.detail
+    assert cuda.fractions == [(0.25, 0), (1.0, 0)] and cap.lifts == 1
+    assert waiting.now.in_force == str(16 * GIB)
+    assert waiting.settle() is None  # still too much live memory
+    cuda.allocated_bytes = 2 * GIB  # the leak let go
+    again = waiting.settle()
+    assert isinstance(again, Pending) and again.now is not None
+    assert again.now.status is ActuationStatus.APPLIED
+    assert cuda.fractions[-1] == (0.25, 0)
+
+
+def test_apply_hooks_report_a_watched_cap_lifted_and_set_again() -> None:
+    cuda = CudaMemoryDouble(total_bytes=16 * GIB, allocated_bytes=2 * GIB)
+    controls, hooks = WorkerControls(), ApplyHooks()
+    controls.register(hooks)
+    controls.memory_cap = MemoryCap(cuda=cuda, device=0)
+    effect = hooks.apply(MemoryCapParams(limit_bytes=4 * GIB), "cap-1")
+    assert effect is not None and effect.status is ActuationStatus.APPLIED
+    assert hooks.in_force == {ActionKind.MEMORY_CAP: "cap-1"}
+    cuda.allocated_bytes = int(2.6 * GIB)  # 0.6 GiB more: 0.6 GiB must stay free
+    assert hooks.settle() == []  # watched, nothing to say
+    cuda.allocated_bytes = int(3.5 * GIB)
+    (lifted,) = hooks.settle()
+    assert (lifted.actuation_id, lifted.effect.status) == ("cap-1", ActuationStatus.DEFERRED)
+    assert hooks.in_force == {}
+    cuda.allocated_bytes = int(2.5 * GIB)
+    (again,) = hooks.settle()
+    assert (again.actuation_id, again.effect.status) == ("cap-1", ActuationStatus.APPLIED)
+    assert hooks.in_force == {ActionKind.MEMORY_CAP: "cap-1"}
+    # a newer cap replaces the watched one without calling it superseded
+    assert hooks.apply(MemoryCapParams(limit_bytes=8 * GIB), "cap-2").status \
+        is ActuationStatus.APPLIED
+    assert hooks.settle() == [] and hooks.pending() == {ActionKind.MEMORY_CAP: "cap-2"}
 
 
 def test_memory_cap_on_cpu_is_a_soft_budget_in_force_once_the_probe_checks_it() -> None:

@@ -21,7 +21,7 @@ from dsec.actuators.channel import (
 )
 from dsec.actuators.desired_state import Accepted, DesiredStateBook, OutOfOrder, worker_key
 from dsec.schemas import ActuationCommand, ActuationStatus, WorkerIdentity
-from dsec.schemas.actuations import PrecisionParams, SnapshotParams
+from dsec.schemas.actuations import MemoryCapParams, PrecisionParams, SnapshotParams
 
 WORKER = WorkerIdentity(job_id="j", worker_id="w", node_id="n")
 
@@ -105,6 +105,21 @@ def test_desired_state_keeps_the_command_in_force_apart_from_the_one_requested()
     book.mark_applied(key, "cmd-snap")
     assert "snapshot" not in book.in_force(key)  # an event, not a setting
     assert snapshot is book.requested(key)["snapshot"]
+
+
+def test_a_command_that_stops_holding_leaves_the_state_in_force_and_stays_desired() -> None:
+    book = DesiredStateBook()
+    cap = _command("cmd-cap-1", 1_000, MemoryCapParams(limit_bytes=4 << 30))
+    key = worker_key(cap)
+    book.accept(cap)
+    book.mark_delivered(key, "cmd-cap-1")
+    book.mark_applied(key, "cmd-cap-1")
+    assert book.in_force(key)["memory_cap"] is cap
+    book.mark_not_applied(key, "cmd-cap-1")  # lifted: the live memory outgrew it
+    assert "memory_cap" not in book.in_force(key)
+    assert book.desired(key) == [cap]  # a restarted worker is given it again
+    book.mark_applied(key, "cmd-cap-1")  # set again
+    assert book.in_force(key)["memory_cap"] is cap
 
 
 def test_auto_mode_uses_the_socket_only_when_a_daemon_answers() -> None:

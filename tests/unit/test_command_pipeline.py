@@ -33,7 +33,12 @@ from dsec.schemas import (
     encode,
     now_ms,
 )
-from dsec.schemas.actuations import GradAccumulationParams, PrecisionParams, SnapshotParams
+from dsec.schemas.actuations import (
+    GradAccumulationParams,
+    MemoryCapParams,
+    PrecisionParams,
+    SnapshotParams,
+)
 
 HERE = WorkerIdentity(job_id="j", worker_id="w0", node_id="n0")
 NOW_MS = 1_000_000
@@ -189,6 +194,50 @@ def test_the_hook_applier_reports_what_the_loop_takes_up_at_a_later_boundary() -
     assert (result.status, result.requested, result.in_force) == (
         ActuationStatus.APPLIED, "bf16", "bf16")
     assert result.actuation_id == command.actuation_id
+
+
+def test_the_hook_applier_reports_a_watched_cap_that_had_to_be_lifted() -> None:
+    from dsec.actuators.memory_cap import MemoryCap
+
+    class Card:  # a test double of torch.cuda's memory calls: no GPU here
+        allocated = 2 << 30
+        fraction = 1.0
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> int:
+            return 0
+
+        def total_bytes(self, device: int) -> int:
+            return 16 << 30
+
+        def set_fraction(self, fraction: float, device: int) -> None:
+            self.fraction = fraction
+
+        def get_fraction(self, device: int) -> float:
+            return self.fraction
+
+        def memory_allocated(self, device: int) -> int:
+            return self.allocated
+
+        def memory_reserved(self, device: int) -> int:
+            return self.allocated
+
+        def empty_cache(self) -> None:
+            pass
+
+    card, hooks, results = Card(), ApplyHooks(), Results()
+    hooks.register("memory_cap", MemoryCap(cuda=card).apply)
+    applier = HookApplier(hooks, ResultPublisher("results", results.publish))
+    command = _command(action=MemoryCapParams(limit_bytes=4 << 30))
+    assert applier.apply(command).status is ActuationStatus.APPLIED
+    assert applier.settle() == 0
+    card.allocated = 4 << 30  # live tensors grew to the cap
+    assert applier.settle() == 1
+    [lifted] = results.results()
+    assert (lifted.actuation_id, lifted.status) == (command.actuation_id, ActuationStatus.DEFERRED)
+    assert card.fraction == 1.0
 
 
 def _source(log: InMemoryLog, take, keys=("n0",), letters: list | None = None,

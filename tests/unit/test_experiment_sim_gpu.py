@@ -54,7 +54,7 @@ def test_under_a_fraction_the_allocator_reclaims_fragmented_blocks_instead() -> 
     gpu.set_working_set(3 * GIB)
     gpu.fragment(9 * GIB)
     cap = MemoryCap(cuda=gpu)
-    assert "capped" in cap.apply(MemoryCapParams(limit_bytes=7 * GIB)).detail
+    assert "capped" in cap.apply(MemoryCapParams(limit_bytes=7 * GIB)).now.detail
     assert gpu.used_bytes <= 7 * GIB  # reclaimed when the cap landed
     for _ in range(50):
         gpu.fragment(1 * GIB)  # the leak goes on; the card never fills
@@ -99,7 +99,7 @@ def test_the_memory_cap_defers_below_held_memory_and_applies_once_it_is_let_go()
         gpu.fragment(2 * GIB)
         assert pending.settle() is None
     gpu.release_held()
-    effect = pending.settle()
+    effect = pending.settle().now
     assert effect.status.value == "applied" and gpu.fraction == pytest.approx(7 / 24)
     gpu.set_working_set(3 * GIB)  # no OOM: the cap came when the live memory fit under it
     for _ in range(20):
