@@ -42,12 +42,17 @@ class NonFiniteStepGuard:
         self._hidden: list[tuple[Any, Any]] = []  # (parameter, its gradient) during a skip
         self.steps = 0
         self.skipped_steps = 0
+        self.unchecked_steps = 0
         self._handles = [optimizer.register_step_pre_hook(self._before_step),
                          optimizer.register_step_post_hook(self._after_step)]
 
     def _before_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.steps += 1
-        if grads_finite(optimizer):
+        try:
+            if grads_finite(optimizer):
+                return
+        except Exception:  # gradients it cannot take a norm of: the step goes ahead
+            self.unchecked_steps += 1
             return
         self._hidden = [(p, p.grad) for group in optimizer.param_groups
                         for p in group["params"] if p.grad is not None]

@@ -83,3 +83,28 @@ def test_grads_finite():
     for p in model.parameters():
         p.grad = None
     assert grads_finite(optimizer)
+
+
+def test_sparse_gradients_are_checked_and_stepped():
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=1.0)
+    guard = NonFiniteStepGuard(optimizer)
+    before = embedding.weight.detach().clone()
+    embedding(torch.tensor([1, 2])).sum().backward()
+    optimizer.step()
+    assert (guard.steps, guard.skipped_steps, guard.unchecked_steps) == (1, 0, 0)
+    assert not torch.equal(before, embedding.weight.detach())
+
+
+def test_gradients_it_cannot_check_do_not_stop_the_step(monkeypatch):
+    import dsec.actuators.step_guard as step_guard
+
+    def cannot(_optimizer):
+        raise RuntimeError("no norm for these")
+
+    monkeypatch.setattr(step_guard, "grads_finite", cannot)
+    model = _model_and_grads(math.nan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = NonFiniteStepGuard(optimizer)
+    optimizer.step()
+    assert (guard.steps, guard.skipped_steps, guard.unchecked_steps) == (1, 0, 1)
