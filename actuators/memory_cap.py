@@ -138,12 +138,14 @@ class MemoryCap:
         if live + self.margin_bytes(limit) <= limit:
             return self._set(device, limit, "")
         self.deferrals += 1
-        return self._wait(device, limit, Effect(
-            ActuationStatus.DEFERRED,
-            f"cuda:{device} cap of {limit} bytes deferred: the process holds {live} bytes "
-            f"after releasing cached blocks, and {self.margin_bytes(limit)} must stay free "
-            "under the cap; set once they fit",
-            str(limit), None if self.in_force_bytes is None else str(self.in_force_bytes)))
+        return self._wait(device, limit, self._deferred(
+            limit, f"cuda:{device} cap of {limit} bytes deferred: the process holds {live} "
+            f"bytes after releasing cached blocks, and {self.margin_bytes(limit)} must stay "
+            "free under the cap; set once they fit"))
+
+    def _deferred(self, limit: int, detail: str) -> Effect:
+        in_force = None if self.in_force_bytes is None else str(self.in_force_bytes)
+        return Effect(ActuationStatus.DEFERRED, detail, str(limit), in_force)
 
     def margin_bytes(self, limit: int) -> int:
         """What must stay free under a cap above the live allocations."""
@@ -176,12 +178,11 @@ class MemoryCap:
             self._cuda.set_fraction(1.0, device)
             self.in_force_bytes = int(self._cuda.get_fraction(device) * total)
             self.lifts += 1
-            return self._wait(device, limit, Effect(
-                ActuationStatus.DEFERRED,
-                f"cuda:{device} cap of {limit} bytes lifted: the live allocations reached "
-                f"{live} bytes, within {margin} of it, and no cap reclaims live tensors (the "
-                "next allocation over it would fail: an OOM); set again once they fit",
-                str(limit), str(self.in_force_bytes)))
+            return self._wait(device, limit, self._deferred(
+                limit, f"cuda:{device} cap of {limit} bytes lifted: the live allocations "
+                f"reached {live} bytes, within {margin} of it, and no cap reclaims live "
+                "tensors (the next allocation over it would fail: an OOM); set again once "
+                "they fit"))
 
         return Pending(watch, now=applied)
 
