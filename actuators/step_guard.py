@@ -33,18 +33,28 @@ def grads_finite(optimizer: Any) -> bool:
 
 
 class NonFiniteStepGuard:
-    """Hooks one optimizer; ``skipped_steps`` counts the steps it kept off the weights."""
+    """Hooks one optimizer, or every optimizer of the process when ``optimizer`` is None
+    (torch's global step hooks, as ``dsec run`` uses); ``skipped_steps`` counts the steps
+    it kept off the weights."""
 
-    def __init__(self, optimizer: Any,
+    def __init__(self, optimizer: Any = None,
                  on_skip: Callable[[int], None] | None = None) -> None:
-        self._optimizer = optimizer
         self._on_skip = on_skip
         self._hidden: list[tuple[Any, Any]] = []  # (parameter, its gradient) during a skip
         self.steps = 0
         self.skipped_steps = 0
         self.unchecked_steps = 0
-        self._handles = [optimizer.register_step_pre_hook(self._before_step),
-                         optimizer.register_step_post_hook(self._after_step)]
+        if optimizer is None:
+            from torch.optim.optimizer import (
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
+
+            self._handles = [register_optimizer_step_pre_hook(self._before_step),
+                             register_optimizer_step_post_hook(self._after_step)]
+        else:
+            self._handles = [optimizer.register_step_pre_hook(self._before_step),
+                             optimizer.register_step_post_hook(self._after_step)]
 
     def _before_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.steps += 1

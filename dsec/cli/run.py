@@ -25,6 +25,8 @@ def run_command(
     heartbeat_interval_s: Annotated[float | None, typer.Option(min=0.001)] = None,
     snapshots: Annotated[bool, typer.Option(
         help="Snapshot commands save the optimizers' parameters and state.")] = True,
+    skip_nonfinite_steps: Annotated[bool, typer.Option(
+        help="Skip every optimizer step whose gradients hold a NaN or an Inf.")] = False,
     config: Annotated[Path | None, typer.Option(
         "--config", exists=True, dir_okay=False,
         help="The dsec plugin entry (YAML or pyproject.toml); default ./dsec.yaml, "
@@ -41,7 +43,9 @@ def run_command(
              "job_id": job_id, "heartbeat_interval_s": heartbeat_interval_s}
     try:
         options = ZeroTouchConfig(**{k: v for k, v in given.items() if v is not None},
-                                  **({} if snapshots else {"snapshots": False}))
+                                  **({} if snapshots else {"snapshots": False}),
+                                  **({"skip_nonfinite_steps": True}
+                                     if skip_nonfinite_steps else {}))
         run(command, read_config(config).merged(options))
     except (ValidationError, PluginConfigError, LaunchError) as exc:
         typer.echo(f"dsec run: {exc}", err=True)

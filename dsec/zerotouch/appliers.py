@@ -22,6 +22,8 @@ from dsec.zerotouch.identity import safe_id
 from dsec.zerotouch.optimizers import OptimizerParams, OptimizerRegistry, Optimizers
 
 SNAPSHOTS_ENV = "DSEC_RUN_SNAPSHOTS"  # "0": snapshot commands are unsupported
+# "1": every optimizer step whose gradients are not finite is skipped (the step guard)
+SKIP_NONFINITE_ENV = "DSEC_RUN_SKIP_NONFINITE_STEPS"
 # kind -> (why dsec run cannot carry it out, the line that would)
 NEEDS_CODE = {
     "grad_compression": ("one DDP rank compressing alone would leave the others waiting",

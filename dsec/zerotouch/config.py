@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from dsec.schemas.base import Identifier, Model
-from dsec.zerotouch.appliers import SNAPSHOTS_ENV
+from dsec.zerotouch.appliers import SKIP_NONFINITE_ENV, SNAPSHOTS_ENV
 
 ENDPOINT_ENV = "DSEC_ENDPOINT"
 
@@ -30,6 +30,8 @@ class ZeroTouchConfig(Model):
     node_id: Identifier | None = None
     # a snapshot command saves the optimizers' parameters and state (see optimizers.py)
     snapshots: bool = True
+    # an optimizer step whose gradients hold a NaN or an Inf is skipped (the step guard)
+    skip_nonfinite_steps: bool = False
 
     @field_validator("endpoint")
     @classmethod
@@ -68,5 +70,6 @@ class ZeroTouchConfig(Model):
             "DSEC_JOB_ID": self.job_id,
             "DSEC_NODE_ID": self.node_id,
             SNAPSHOTS_ENV: None if self.snapshots else "0",
+            SKIP_NONFINITE_ENV: "1" if self.skip_nonfinite_steps else None,
         }
         return {name: value for name, value in env.items() if value is not None}

@@ -51,6 +51,7 @@ class ZeroTouch:
         self._probe_step_hook: Callable[[Any, Any, Any], None] | None = None
         self._grad_sync: Any = None
         self.optimizers = OptimizerRegistry()
+        self.step_guard: Any = None  # the step guard, where the run asked for it
         self.autocast = AutocastOverride()
 
     # --- installing ------------------------------------------------------------------
@@ -99,6 +100,17 @@ class ZeroTouch:
 
         self.optimizers.install(torch.optim.Optimizer)
         register_optimizer_step_post_hook(self._after_step)
+        self._guard_steps()
+
+    def _guard_steps(self) -> None:
+        """The step guard on every optimizer's steps, where the run asked for it
+        (``dsec run --skip-nonfinite-steps``)."""
+        from dsec.zerotouch.appliers import SKIP_NONFINITE_ENV
+
+        if self._env.get(SKIP_NONFINITE_ENV) == "1":
+            from dsec.actuators.step_guard import NonFiniteStepGuard
+
+            self.step_guard = NonFiniteStepGuard()
 
     def _instrument_backward(self, torch: ModuleType) -> None:
         from dsec.zerotouch.losses import install_loss_hook

@@ -108,3 +108,32 @@ def test_gradients_it_cannot_check_do_not_stop_the_step(monkeypatch):
     guard = NonFiniteStepGuard(optimizer)
     optimizer.step()
     assert (guard.steps, guard.skipped_steps, guard.unchecked_steps) == (1, 0, 1)
+
+
+def test_without_an_optimizer_it_guards_every_optimizer_of_the_process():
+    guard = NonFiniteStepGuard()  # torch's global step hooks, as ``dsec run`` installs it
+    try:
+        first, second = _model_and_grads(math.nan), _model_and_grads(0.1)
+        for model in (first, second):
+            torch.optim.Adam(model.parameters(), lr=0.1).step()
+        assert (guard.steps, guard.skipped_steps) == (2, 1)
+        assert all(torch.isfinite(p).all() for p in first.parameters())
+    finally:
+        guard.remove()
+
+
+def test_dsec_run_installs_it_when_asked():
+    from dsec.zerotouch.session import ZeroTouch
+
+    session = ZeroTouch(env={"DSEC_RUN_SKIP_NONFINITE_STEPS": "1"})
+    session._guard_steps()
+    try:
+        model = _model_and_grads(math.inf)
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+        assert session.step_guard.skipped_steps == 1
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    finally:
+        session.step_guard.remove()
+    unasked = ZeroTouch(env={})
+    unasked._guard_steps()
+    assert unasked.step_guard is None

@@ -59,6 +59,8 @@ def test_the_entry_travels_as_the_variables_the_probe_reads() -> None:
         ZeroTouchConfig(heartbeat_interval_s=5, sandox_id="typo")  # misspelt: refused
     merged = config.merged(ZeroTouchConfig(sandbox_id="sbx-8"))
     assert merged.sandbox_id == "sbx-8" and merged.heartbeat_interval_s == 2.5
+    guarded = ZeroTouchConfig(skip_nonfinite_steps=True).environment()
+    assert guarded == {"DSEC_RUN_SKIP_NONFINITE_STEPS": "1"}
 
 
 def test_the_child_gets_the_bootstrap_first_on_its_path_once() -> None:
