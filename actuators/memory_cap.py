@@ -134,14 +134,14 @@ class MemoryCap:
         device = self._device if self._device is not None else self._cuda.current_device()
         self._cuda.empty_cache()
         self._last_live_bytes = None  # growth counts between step boundaries watched
-        live = self._live(device)
-        if live + self.margin_bytes(limit) <= limit:
+        live, margin = self._live(device), self.margin_bytes(limit)
+        if live + margin <= limit:
             return self._set(device, limit, "")
         self.deferrals += 1
         return self._wait(device, limit, self._deferred(
             limit, f"cuda:{device} cap of {limit} bytes deferred: the process holds {live} "
-            f"bytes after releasing cached blocks, and {self.margin_bytes(limit)} must stay "
-            "free under the cap; set once they fit"))
+            f"bytes after releasing cached blocks, and {margin} must stay free under the "
+            "cap; set once they fit"))
 
     def _deferred(self, limit: int, detail: str) -> Effect:
         in_force = None if self.in_force_bytes is None else str(self.in_force_bytes)
@@ -169,8 +169,6 @@ class MemoryCap:
                                  limit, self.in_force_bytes)
 
         def watch() -> Pending | None:
-            if self.limit_bytes != limit:
-                return None
             live = self._live(device)
             margin = self.margin_bytes(limit)
             if live + margin <= limit:
