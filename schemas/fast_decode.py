@@ -99,6 +99,10 @@ def _fail(kind: str, name: str, message: str) -> DecodeError:
 
 def _numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray:
     """JSON numbers (and booleans where pydantic also takes them) into a typed column."""
+    if len(values) <= _SMALL_COLUMN:
+        array = _small_numbers(kind, name, values, rule)
+        if array is not None:
+            return array
     try:
         array = np.asarray(values)
     except (ValueError, OverflowError):
@@ -143,17 +147,23 @@ def _checked(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.nd
         return array
     if array.size <= _SMALL_COLUMN:
         return _checked_small(kind, name, array, rule)
+    _check_bounds(kind, name,
+                  np.fmin.reduce(array) if rule.lower is not None else None,
+                  np.fmax.reduce(array) if rule.upper is not None else None, rule)
+    return array
+
+
+def _check_bounds(kind: str, name: str, least: Any, greatest: Any, rule: _FieldRule) -> None:
+    """The field's bounds against a column's least and greatest value (each needed only
+    where the field has that bound). NaN compares false with every bound, so it passes."""
     if rule.lower is not None:
         bound, inclusive = rule.lower
-        least = np.fmin.reduce(array)
         if least < bound if inclusive else least <= bound:
             raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
     if rule.upper is not None:
         bound, inclusive = rule.upper
-        greatest = np.fmax.reduce(array)
         if greatest > bound if inclusive else greatest >= bound:
             raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
-    return array
 
 
 # Up to this many values a column's bounds are checked on its Python numbers: a probe's
@@ -162,22 +172,40 @@ def _checked(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.nd
 _SMALL_COLUMN = 32
 
 
+def _small_numbers(kind: str, name: str, values: list, rule: _FieldRule) -> np.ndarray | None:
+    """A short column whose values are all of the column's own Python type (``float`` for
+    a float column, ``int`` within 64 bits for an integer one), checked on those numbers
+    before one array is made; None for any other column, which ``_numbers`` then takes
+    the general way. A probe's message at training rates holds a few samples a kind."""
+    if not values:
+        return None
+    if rule.dtype is np.float64:
+        if not all(type(value) is float for value in values):
+            return None
+        _bounds_small(kind, name, [value for value in values if value == value], rule)
+        return np.array(values, dtype=np.float64)
+    if rule.dtype is np.int64:
+        if not all(type(value) is int for value in values):
+            return None
+        least, greatest = min(values), max(values)
+        if least < -(1 << 63) or greatest >= 1 << 63:
+            return None
+        _bounds_small(kind, name, [least, greatest], rule)
+        return np.array(values, dtype=np.int64)
+    return None
+
+
 def _checked_small(kind: str, name: str, array: np.ndarray, rule: _FieldRule) -> np.ndarray:
     """``_checked`` on a short column: the same verdicts, NaN passed over as there."""
-    values = [value for value in array.tolist() if value == value]
-    if not values:
-        return array
-    if rule.lower is not None:
-        bound, inclusive = rule.lower
-        least = min(values)
-        if least < bound if inclusive else least <= bound:
-            raise _fail(kind, name, f"values must be {'>=' if inclusive else '>'} {bound:g}")
-    if rule.upper is not None:
-        bound, inclusive = rule.upper
-        greatest = max(values)
-        if greatest > bound if inclusive else greatest >= bound:
-            raise _fail(kind, name, f"values must be {'<=' if inclusive else '<'} {bound:g}")
+    _bounds_small(kind, name, [value for value in array.tolist() if value == value], rule)
     return array
+
+
+def _bounds_small(kind: str, name: str, values: list, rule: _FieldRule) -> None:
+    """The column's bounds on its Python numbers (NaN left out by the caller)."""
+    if values:
+        _check_bounds(kind, name, min(values) if rule.lower is not None else None,
+                      max(values) if rule.upper is not None else None, rule)
 
 
 _NOUN = {np.bool_: "booleans", np.int64: "integers", np.float64: "numbers"}

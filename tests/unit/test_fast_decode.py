@@ -197,3 +197,63 @@ def test_short_and_long_columns_meet_the_same_bounds(
     assert fragment in fast.value.reason
     with pytest.raises(DecodeError):
         decode(message, MetricBatch)
+
+
+@pytest.mark.parametrize(("column", "values"), [
+    ("loss", [0.5, 1.5, -2.0]),
+    ("loss", [1, 2.5]),  # an integer in a float column, as other encoders write 1.0
+    ("loss", [True, 0.5]),
+    ("loss", [None, 0.5]),
+    ("step", [0, 2**63 - 1]),
+    ("step", [2**63]),
+    ("step", [1.0, 2]),
+    ("step", [True]),
+])
+def test_short_columns_of_any_number_type_decode_as_the_model_reads_them(
+        column: str, values: list) -> None:
+    # Short columns whose values are all of the column's own type take a shorter way.
+    cells = {"event_time_ms": list(range(1, len(values) + 1)), "step": [1] * len(values),
+             column: values}
+    message = _message({"step": cells})
+    try:
+        reference = batch_frames(decode(message, MetricBatch))["step"][column]
+    except DecodeError:
+        with pytest.raises(DecodeError, match=f"columns.step.{column}"):
+            decode_metric_batch(message)
+        return
+    got = decode_metric_batch(message).frames["step"][column]
+    assert got.dtype == reference.dtype
+    np.testing.assert_array_equal(got, reference)
+
+
+@pytest.mark.parametrize("length", [1, 32, 33, 200])
+@pytest.mark.parametrize(("kind", "column", "values", "fragment"), [
+    ("episode", "reward", [float("nan")], "null where a number is required"),
+    ("episode", "reward", [float("inf"), float("nan")], "null where a number is required"),
+    ("episode", "reward", [-float("inf")], "values must be finite"),
+    ("step", "grad_norm", [float("nan"), float("inf")], "values must be finite"),
+    ("step", "grad_norm", [float("nan"), -1.0], ">= 0"),
+    ("step", "grad_norm", [float("nan")] * 33, None),
+    ("step", "grad_norm", [0.0, 2.5], None),
+])
+def test_short_and_long_packed_float_columns_meet_the_same_rules(
+        length: int, kind: str, column: str, values: list, fragment: str | None) -> None:
+    # Long packed float columns are judged from their extremes, short ones value by value.
+    cells = [1.0] * max(0, length - len(values)) + values
+    n = len(cells)
+    columns = {"event_time_ms": list(range(1, n + 1)), column: _packed("<f8", cells)}
+    if kind == "step":
+        columns["step"] = [1] * n
+    else:
+        columns |= {"episode_index": list(range(n)), "length": [1] * n}
+    message = _message({kind: columns})
+    if fragment is None:
+        got = decode_metric_batch(message).frames[kind][column]
+        np.testing.assert_array_equal(got, np.asarray(cells))
+        decode(message, MetricBatch)
+        return
+    with pytest.raises(DecodeError) as fast:
+        decode_metric_batch(message)
+    assert fragment in fast.value.reason
+    with pytest.raises(DecodeError):
+        decode(message, MetricBatch)
