@@ -152,25 +152,29 @@ def _group_progress(probe: Consumer, partitions: list[TopicPartition]) -> int:
     return sum(max(tp.offset, 0) for tp in probe.committed(partitions, timeout=10))
 
 
-def _pipeline_rate(
+def pipeline_rate(
     settings: DsecSettings, topic: str, messages: int, options: PipelineBenchOptions,
-    data_dir: Path,
+    data_dir: Path, services: frozenset[str] = BENCH_SERVICES,
 ) -> dict[str, float]:
+    """``dsec up --services …`` over the ``messages`` on ``topic``: per group (the stream
+    job's, and the sink's where it runs), its rate and its process's CPU per million
+    samples between its first and its last commit; and the whole stack's rate."""
     env = {**os.environ, "DSEC_DATA_DIR": str(data_dir),
            "DSEC_TOPIC_PREFIX": settings.topic_prefix}
     log = (data_dir / "stack.log").open("wb")
     stack = subprocess.Popen(
         [sys.executable, "-m", "dsec.cli", "up", "--bootstrap", settings.bootstrap,
-         "--services", ",".join(sorted(BENCH_SERVICES))],
+         "--services", ",".join(sorted(services))],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
-    groups = {"stream_job": stream_group(settings, BENCH_SERVICES),
-              "sink": sink_group(settings)}
+    groups = {"stream_job": stream_group(settings, services)}
+    if "sink" in services:
+        groups["sink"] = sink_group(settings)
     probes = {name: Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
                               "enable.auto.commit": False, **settings.kafka_security()})
               for name, group in groups.items()}
     try:
-        metadata = probes["sink"].list_topics(topic, timeout=10)
+        metadata = probes["stream_job"].list_topics(topic, timeout=10)
         partitions = [TopicPartition(topic, p) for p in metadata.topics[topic].partitions]
         first: dict[str, tuple[float, int]] = {}
         done: dict[str, float] = {}
@@ -185,7 +189,7 @@ def _pipeline_rate(
             if time.monotonic() > deadline:
                 raise RuntimeError("the stack did not finish in time")
             now = time.perf_counter()
-            if pids["sink"] is None and not first:
+            if "sink" in groups and pids["sink"] is None and not first:
                 # The sink's own process: the stack starts it before its stream jobs, so it
                 # is there by the first commit; a sink inside the stack has no figure of its own.
                 pids["sink"] = next(iter(_child_pids(stack.pid)), None)
@@ -213,7 +217,7 @@ def _pipeline_rate(
                 (messages - offset) * per_message)
         started = min(t for t, _ in first.values())
         offset = min(o for _, o in first.values())
-        elapsed = max(done.values()) - started
+        elapsed = max(max(done.values()) - started, 1e-9)  # 0 where one commit took all
         rates["pipeline_samples_per_s"] = (messages - offset) * per_message / elapsed
         rates["pipeline_messages_per_s"] = (messages - offset) / elapsed
         return rates
@@ -227,7 +231,7 @@ def _pipeline_rate(
             stack.kill()
 
 
-def _messages_in(settings: DsecSettings, topic: str) -> int:
+def messages_in(settings: DsecSettings, topic: str) -> int:
     """How many messages ``topic`` holds: the sum of its partitions' high watermarks."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "dsec-bench-count",
                          **settings.kafka_security()})
@@ -259,7 +263,7 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         messages = _fill(settings, topic, options)
         raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
         before = limit_rate(settings, topic, messages, work / "limit-store-before")
-        pipeline = _pipeline_rate(settings, topic, messages, options, settings.data_dir)
+        pipeline = pipeline_rate(settings, topic, messages, options, settings.data_dir)
         after = limit_rate(settings, topic, messages, work / "limit-store-after")
         # the limit side on either side of the pipeline, so a change in the machine's load
         # during the run weighs on both sides of the ratio (a side that timed nothing, all
@@ -268,7 +272,7 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         limit_samples_per_s, limit_messages_per_s, limit_cpu = (
             sum(values) / len(timed) for values in zip(*timed, strict=True))
         # a bench whose messages were dead-lettered measured the wrong path: say so
-        dead_letters = _messages_in(settings, topic_names(settings.topic_prefix).dead_letters)
+        dead_letters = messages_in(settings, topic_names(settings.topic_prefix).dead_letters)
         return {
             "raw_samples_per_s": round(raw_samples_per_s),
             "raw_messages_per_s": round(raw_messages_per_s),

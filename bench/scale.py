@@ -37,9 +37,21 @@ def _in_new_store(measure: Callable[[Any, Any], dict], scale: Any, directory: st
         client.close()
 
 
+def _with_stage_ratio(process: dict, stream_job: list[dict]) -> dict:
+    """The process's CPU per message over the ``MetricsJob`` stage's at the same fleet
+    size, where both were measured: what Faust and the Kafka clients add to each message."""
+    stage = next((entry["cpu_s_per_message"] for entry in stream_job
+                  if entry["workers"] == process["workers"]), None)
+    cpu = process["cpu_s_per_message"]
+    ratio = round(cpu / stage, 2) if cpu is not None and stage else None
+    return {**process, "cpu_per_message_vs_stage": ratio}
+
+
 def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
-              rollup_gpus: int = 1000, rollup_days: int = 0) -> dict:
+              rollup_gpus: int = 1000, rollup_days: int = 0,
+              process_workers: list[int] | None = None, process_seconds: int = 20) -> dict:
     from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job
+    from dsec.bench.scale_process import measure_stream_process
     from dsec.bench.scale_rollups import RollupScale, measure_rollups
     from dsec.bench.scale_store import StoreScale, measure_store
 
@@ -53,6 +65,10 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
     result: dict[str, Any] = {
         "probe_rates": ProbeRates().__dict__, "engine": engine, "stream_job": stream_job,
     }
+    if process_workers:
+        result["stream_process"] = [
+            _with_stage_ratio(measure_stream_process(n, process_seconds), stream_job)
+            for n in process_workers]
     if store_hours > 0:
         with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
             result["store"] = _in_fresh_process(
@@ -64,6 +80,13 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
                 _in_new_store, measure_rollups,
                 RollupScale(gpus=rollup_gpus, days=rollup_days), directory)
     return result
+
+
+def _sizes(text: str, option: str) -> list[int]:
+    sizes = [int(size) for size in text.split(",") if size.strip()]
+    if sizes and min(sizes) < 1:
+        raise typer.BadParameter("fleet sizes must be positive", param_hint=option)
+    return sizes
 
 
 def _rounded(value: Any) -> Any:
@@ -85,14 +108,20 @@ def scale(
     rollup_gpus: Annotated[int, typer.Option(min=1, max=100_000)] = 1000,
     rollup_days: Annotated[int, typer.Option(
         min=0, max=365, help="Days of generated hourly roll-ups; 0: skip them.")] = 30,
+    process_workers: Annotated[str, typer.Option(
+        help="Fleet sizes, comma-separated, whose probe messages the whole stream-job "
+             "process works through beside a local broker; empty: skip it.")] = "1000",
+    process_seconds: Annotated[int, typer.Option(
+        min=1, max=3600, help="Seconds of every worker's messages for that process.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Engine step, stream-job cost and state per worker, memory, storage, queries and
     dashboards over weeks of roll-ups, against the fleet size."""
-    sizes = [int(size) for size in workers.split(",") if size.strip()]
-    if not sizes or min(sizes) < 1:
+    sizes = _sizes(workers, "--workers")
+    if not sizes:
         raise typer.BadParameter("give one or more positive fleet sizes", param_hint="--workers")
-    result = _rounded(run_scale(sizes, store_gpus, store_hours, rollup_gpus, rollup_days))
+    result = _rounded(run_scale(sizes, store_gpus, store_hours, rollup_gpus, rollup_days,
+                                _sizes(process_workers, "--process-workers"), process_seconds))
     if as_json:
         print(json.dumps(result))
         return

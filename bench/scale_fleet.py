@@ -42,9 +42,10 @@ class ProbeRates:
                 + 1 / self.episode_every_s + 1 / self.heartbeat_every_s)
 
 
-def worker_second(worker: int, second: int, rates: ProbeRates) -> MetricBatch:
-    """One second of one worker, as one probe message."""
-    t_ms = START_MS + second * 1000
+def worker_second(worker: int, second: int, rates: ProbeRates,
+                  start_ms: int = START_MS) -> MetricBatch:
+    """One second of one worker, as one probe message; its life began at ``start_ms``."""
+    t_ms = start_ms + second * 1000
     gpu_uuid = f"GPU-{worker:08d}-0000-0000-0000-000000000000"
     steps = [second * rates.steps_per_s + k for k in range(rates.steps_per_s)]
     times_ms = [t_ms + k * 1000 // rates.steps_per_s for k in range(rates.steps_per_s)]
