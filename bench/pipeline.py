@@ -4,7 +4,9 @@
    each), as the probe sends them.
 2. A bare confluent-kafka consumer reads and decodes every message (orjson, then each
    column into a numpy array, base64 by pybase64 as in the stream jobs): the practical
-   limit of a Python consumer.
+   limit of a Python consumer. Then the same consumer with the stream jobs' own
+   decoder, which checks every column against the model (``validated``): the least a
+   consumer of untrusted messages does.
 3. The stream stack (``dsec up --services stream-jobs,sink`` on the same broker: the Faust
    metrics job, and the ClickHouse sink in a process of its own) works through them;
    its rate is taken between its first and last commit on the topic, so start-up
@@ -15,7 +17,9 @@
    its two rates (both printed).
 
 Each side's CPU time per million samples is printed too (the bare consumer's process, the
-stream-job process and the sink's; Linux only): what each costs, whatever the rates.
+stream-job process and the sink's; Linux only): what each costs, whatever the rates; and
+the stream job's over the bare and the validating consumer's (``stream_job_cpu_vs_raw``,
+``stream_job_cpu_vs_validated``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,7 @@ from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_confi
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.topics import ensure_topics
 from dsec.schemas import now_ms, topic_names
+from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.metrics import encode_packed
 from dsec.schemas.settings import DsecSettings
 from dsec.services.stack import sink_group, stream_group
@@ -81,11 +87,17 @@ def _fill(settings: DsecSettings, topic: str, options: PipelineBenchOptions) -> 
     return messages
 
 
-def _decode_columns(document: dict) -> int:
+def _decode_columns(value: bytes) -> int:
     """What a bare consumer does with a message: every column into an array (with the
     stream jobs' base64 decoder, so that only the work around it differs)."""
     return sum(next(iter(columns.values())).size
-               for columns in decoded_columns(document).values() if columns)
+               for columns in decoded_columns(orjson.loads(value)).values() if columns)
+
+
+def _decode_validated(value: bytes) -> int:
+    """What a consumer of untrusted messages does at the least: the stream jobs' own
+    decoder, every column checked against the model's types and bounds."""
+    return decode_metric_batch(value).sample_count()
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -113,9 +125,11 @@ def _per_million(cpu_s: float | None, samples: int) -> float | None:
 
 
 def _raw_rate(
-    settings: DsecSettings, topic: str, messages: int
+    settings: DsecSettings, topic: str, messages: int,
+    decode_message: Callable[[bytes], int] = _decode_columns,
 ) -> tuple[float, float, float | None]:
-    """(samples/s, messages/s, CPU seconds per million samples counted)."""
+    """(samples/s, messages/s, CPU seconds per million samples counted) of a consumer
+    that decodes each message with ``decode_message`` (which counts its samples)."""
     # The same client settings as the sink's consumer: only what is done per message differs.
     consumer = Consumer(consumer_config(settings, f"bench-raw-{uuid.uuid4().hex}", **BULK_FETCH))
     metadata = consumer.list_topics(topic, timeout=10)
@@ -134,7 +148,7 @@ def _raw_rate(
         for message in batch:
             if message.error():
                 continue
-            decoded = _decode_columns(orjson.loads(message.value()))
+            decoded = decode_message(message.value())
             read += 1
             if started is not None:
                 counted_samples += decoded
@@ -262,6 +276,8 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
         topic = topic_names(settings.topic_prefix).metrics
         messages = _fill(settings, topic, options)
         raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
+        validated_samples_per_s, _, validated_cpu = _raw_rate(settings, topic, messages,
+                                                              _decode_validated)
         before = limit_rate(settings, topic, messages, work / "limit-store-before")
         pipeline = pipeline_rate(settings, topic, messages, options, settings.data_dir)
         after = limit_rate(settings, topic, messages, work / "limit-store-after")
@@ -279,6 +295,7 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             "pipeline_samples_per_s": round(pipeline["pipeline_samples_per_s"]),
             "pipeline_messages_per_s": round(pipeline["pipeline_messages_per_s"]),
             "ratio": _ratio(pipeline["pipeline_samples_per_s"], raw_samples_per_s),
+            "validated_samples_per_s": round(validated_samples_per_s),
             "limit_samples_per_s": round(limit_samples_per_s),
             "limit_messages_per_s": round(limit_messages_per_s),
             "limit_samples_per_s_before_and_after": [round(before[0]), round(after[0])],
@@ -287,10 +304,15 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             "sink_samples_per_s": round(pipeline["sink_samples_per_s"]),
             "cpu_s_per_million_samples": {
                 "raw": raw_cpu,
+                "validated": validated_cpu,
                 "limit": round(limit_cpu, 3),
                 "stream_job": pipeline["stream_job_cpu_s_per_million_samples"],
                 "sink": pipeline["sink_cpu_s_per_million_samples"],
             },
+            "stream_job_cpu_vs_raw": _ratio(
+                pipeline["stream_job_cpu_s_per_million_samples"] or 0, raw_cpu or 0),
+            "stream_job_cpu_vs_validated": _ratio(
+                pipeline["stream_job_cpu_s_per_million_samples"] or 0, validated_cpu or 0),
             "samples": messages * options.samples_per_message,
             "messages": messages,
             "dead_letters": dead_letters,

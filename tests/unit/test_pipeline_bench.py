@@ -76,3 +76,12 @@ def test_the_limit_side_stores_every_decoded_sample_in_plain_tables(tmp_path) ->
             documents[1]["step"]["event_time_ms"].size)
     finally:
         client.close()
+
+
+def test_the_bare_and_the_validating_consumer_count_the_same_samples() -> None:
+    from dsec.bench.pipeline import _decode_columns, _decode_validated
+    from dsec.bench.traces import TraceIdentity, training_batch
+    from dsec.schemas.metrics import encode_packed
+
+    value = encode_packed(training_batch(TraceIdentity(), 2, 300))
+    assert _decode_columns(value) == _decode_validated(value) == 300
