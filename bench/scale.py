@@ -42,6 +42,8 @@ def _with_stage_ratio(process: dict, stream_job: list[dict]) -> dict:
     size, where both were measured: what Faust and the Kafka clients add to each message."""
     stage = next((entry["cpu_s_per_message"] for entry in stream_job
                   if entry["workers"] == process["workers"]), None)
+    if process["flushes_per_s"] != 1:  # the stage's messages hold a whole second each
+        stage = None
     cpu = process["cpu_s_per_message"]
     ratio = round(cpu / stage, 2) if cpu is not None and stage else None
     return {**process, "cpu_per_message_vs_stage": ratio}
@@ -49,7 +51,8 @@ def _with_stage_ratio(process: dict, stream_job: list[dict]) -> dict:
 
 def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
               rollup_gpus: int = 1000, rollup_days: int = 0,
-              process_workers: list[int] | None = None, process_seconds: int = 20) -> dict:
+              process_workers: list[int] | None = None, process_seconds: int = 10,
+              process_flushes_per_s: list[int] | None = None) -> dict:
     from dsec.bench.scale_fleet import ProbeRates, measure_engine, measure_stream_job
     from dsec.bench.scale_process import measure_stream_process
     from dsec.bench.scale_rollups import RollupScale, measure_rollups
@@ -67,8 +70,8 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
     }
     if process_workers:
         result["stream_process"] = [
-            _with_stage_ratio(measure_stream_process(n, process_seconds), stream_job)
-            for n in process_workers]
+            _with_stage_ratio(measure_stream_process(n, process_seconds, flushes), stream_job)
+            for n in process_workers for flushes in process_flushes_per_s or [1]]
     if store_hours > 0:
         with tempfile.TemporaryDirectory(prefix="dsec-scale-") as directory:
             result["store"] = _in_fresh_process(
@@ -82,10 +85,10 @@ def run_scale(fleet_sizes: list[int], store_gpus: int, store_hours: float,
     return result
 
 
-def _sizes(text: str, option: str) -> list[int]:
+def _positive_ints(text: str, option: str) -> list[int]:
     sizes = [int(size) for size in text.split(",") if size.strip()]
     if sizes and min(sizes) < 1:
-        raise typer.BadParameter("fleet sizes must be positive", param_hint=option)
+        raise typer.BadParameter("give positive numbers", param_hint=option)
     return sizes
 
 
@@ -112,16 +115,22 @@ def scale(
         help="Fleet sizes, comma-separated, whose probe messages the whole stream-job "
              "process works through beside a local broker; empty: skip it.")] = "1000",
     process_seconds: Annotated[int, typer.Option(
-        min=1, max=3600, help="Seconds of every worker's messages for that process.")] = 20,
+        min=1, max=3600, help="Seconds of every worker's messages for that process.")] = 10,
+    process_flushes_per_s: Annotated[str, typer.Option(
+        help="Messages a worker sends a second, comma-separated, one process run each: 1, "
+             "or 4 as the probe's default flush interval (0.25 s) sends while a worker "
+             "syncs its gradients every step.")] = "1,4",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Engine step, stream-job cost and state per worker, memory, storage, queries and
     dashboards over weeks of roll-ups, against the fleet size."""
-    sizes = _sizes(workers, "--workers")
+    sizes = _positive_ints(workers, "--workers")
     if not sizes:
         raise typer.BadParameter("give one or more positive fleet sizes", param_hint="--workers")
+    process_sizes = _positive_ints(process_workers, "--process-workers")
+    flushes = _positive_ints(process_flushes_per_s, "--process-flushes-per-s")
     result = _rounded(run_scale(sizes, store_gpus, store_hours, rollup_gpus, rollup_days,
-                                _sizes(process_workers, "--process-workers"), process_seconds))
+                                process_sizes, process_seconds, flushes))
     if as_json:
         print(json.dumps(result))
         return

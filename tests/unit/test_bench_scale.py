@@ -74,3 +74,19 @@ def test_the_generated_rollups_have_the_stated_rows_and_every_trend_panel_is_tim
     assert hours[0] == 48 and hours[1] == 3 and hours[2] == len(WORKER_FEATURES)
     assert [row[1] for row in per_job] == [1, 1, 1, 1]  # an hourly count for every job
     assert len(result["trend_panels_s"]) == 9
+
+
+def test_a_worker_second_split_into_flushes_keeps_every_sample_once_in_time_order() -> None:
+    from dsec.bench.scale_process import split_flushes
+
+    batch = worker_second(3, 10, ProbeRates())
+    flushes = split_flushes(batch, 4)
+    assert len(flushes) == 4 and len({flush.event_id for flush in flushes}) == 4
+    def samples(rows: list, kind: str) -> list[dict]:  # a row's id names its message
+        return [row.model_dump(exclude={"event_id"}) for row in rows if row.kind == kind]
+
+    for kind in {row.kind for row in batch.rows()}:
+        split = [row for flush in flushes for row in flush.rows()]
+        assert samples(split, kind) == samples(batch.rows(), kind)
+    assert [flush.sample_count() for flush in flushes] == [5, 2, 2, 2]
+    assert len(split_flushes(batch, 20)) == 4  # a flush with nothing in it sends nothing
