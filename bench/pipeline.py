@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.pipeline_limit import consume_batch, decoded_columns, limit_rate
@@ -162,8 +162,21 @@ def _raw_rate(
             _per_million(cpu_s, counted_samples))
 
 
+_COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+
+
 def _group_progress(probe: Consumer, partitions: list[TopicPartition]) -> int:
-    return sum(max(tp.offset, 0) for tp in probe.committed(partitions, timeout=10))
+    """Messages the group has committed; 0 while its coordinator is moving or loading,
+    as on a broker just started (the next poll asks again)."""
+    try:
+        committed = probe.committed(partitions, timeout=10)
+    except KafkaException as error:
+        if error.args and (error.args[0].code() in _COORDINATOR_MOVING
+                           or error.args[0].retriable()):
+            return 0
+        raise
+    return sum(max(tp.offset, 0) for tp in committed)
 
 
 def pipeline_rate(
