@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -43,30 +43,36 @@ HEALTHY = {
 }
 
 
-def engine_step_ms(targets: int, tripping: float = 0.01, packed: bool = True) -> float:
+# Where an engine step's batch comes from: columns, decoded events, or the features
+# topic's message values, decoded inside the step as the policy engine's agent does.
+StepSource = Literal["packed", "events", "wire"]
+
+
+def engine_step_ms(targets: int, tripping: float = 0.01, source: StepSource = "packed") -> float:
     """The median of ``engine_step_times_ms``."""
     import statistics
 
-    return statistics.median(engine_step_times_ms(targets, tripping, packed))
+    return statistics.median(engine_step_times_ms(targets, tripping, source))
 
 
-def engine_step_times_ms(targets: int, tripping: float = 0.01, packed: bool = True,
+def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSource = "packed",
                          steps: int = 6) -> list[float]:
     """Whole engine steps (feature events to columns, conditions, state machine, signed
     commands, audit records) over one event per target every 5 s of event time, in
     steady state: after two warm-up steps, ``steps`` steps timed one by one (30 s: the
     breaker's commands for the ``tripping`` share of targets over its latency cap, and
     the known features written for each target once).
-    ``packed``: the batch comes as columns (``FeatureBatch.packed``, as a stream job's
-    packed output would give it); else as decoded ``FeatureEvent`` objects, taken to
-    columns inside the step."""
+    ``source``: ``packed``, the batch comes as columns (``FeatureBatch.packed``, as a
+    stream job's packed output would give it); ``events``, as decoded ``FeatureEvent``
+    objects, taken to columns inside the step; ``wire``, as the encoded events the
+    features topic carries, each decoded and validated inside the step."""
     import numpy as np
 
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.feature_batch import FeatureBatch
     from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas import FeatureEvent, WorkerIdentity
+    from dsec.schemas import FeatureEvent, WorkerIdentity, decode, encode
     from dsec.schemas.signing import TrustListVerifier, new_keyring
 
     keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
@@ -80,11 +86,11 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, packed: bool = Tr
     columns = {name: np.full(targets, value) for name, value in HEALTHY.items()}
     columns["grad_sync_latency_p95_ms"][::every] = 120.0
 
-    def step(time_ms: int) -> FeatureBatch | list[FeatureEvent]:
-        if packed:
+    def step(time_ms: int) -> FeatureBatch | list[FeatureEvent] | list[bytes]:
+        if source == "packed":
             return FeatureBatch.packed(job_ids, worker_ids, node_ids,
                                        np.full(targets, time_ms, dtype=np.int64), columns)
-        return [
+        events = [
             FeatureEvent(
                 identity=WorkerIdentity(job_id="bench", worker_id=f"w{i}", node_id=f"n{i // 8}"),
                 event_time_ms=time_ms,
@@ -93,12 +99,15 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, packed: bool = Tr
             )
             for i in range(targets)
         ]
+        return [encode(event) for event in events] if source == "wire" else events
 
     engine = Engine(registry, {}, {}, keyring)
 
-    def evaluate(batch: FeatureBatch | list[FeatureEvent]) -> None:
+    def evaluate(batch: FeatureBatch | list[FeatureEvent] | list[bytes]) -> None:
         if isinstance(batch, FeatureBatch):
             engine.evaluate_batch(batch)
+        elif source == "wire":
+            engine.evaluate([decode(value, FeatureEvent) for value in batch])
         else:
             engine.evaluate(batch)
 
@@ -160,10 +169,11 @@ def run(targets: int, repeats: int, celpy_sample: int) -> dict:
         "fires_per_condition": [int(r.sum()) for r in results],
         "repeats": repeats,
         "engine_step_ms": round(engine_step_ms(targets), 1),
-        "engine_step_from_events_ms": round(engine_step_ms(targets, packed=False), 1),
+        "engine_step_from_events_ms": round(engine_step_ms(targets, source="events"), 1),
+        "engine_step_from_wire_ms": round(engine_step_ms(targets, source="wire"), 1),
         "engine_step_note": "whole engine step, median of 6 steady-state steps, 1% of "
-                            "targets tripping: from a packed batch, and from decoded "
-                            "feature events",
+                            "targets tripping: from a packed batch, from decoded "
+                            "feature events, and from their encoded bytes",
     }
 
 
