@@ -11,15 +11,16 @@ and no pool for a whole job), keyed by that ``worker_id`` on the features topic,
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from dsec.schemas.base import UINT32_MAX, Count, Event, Identifier, Model, WorkerIdentity
 
 FeatureName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 TagValue = Annotated[str, Field(max_length=128)]
+# Every consumer compares and stores feature values: NaN and ±Inf are refused.
+FeatureValue = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class RegimeGrowth(Model):
@@ -60,18 +61,10 @@ class FeatureEvent(Event):
     scope: FeatureScope = "worker"
     gpu_uuid: Identifier | None = None
     window: Annotated[str, Field(max_length=64)] = ""
-    features: Annotated[dict[FeatureName, float], Field(max_length=256)]
+    features: Annotated[dict[FeatureName, FeatureValue], Field(max_length=256)]
     # Text context of the target (pool, gpu_model, worker labels, episode_end_reason):
     # policy selectors match on it and alerts name it; conditions only see ``features``.
     tags: Annotated[dict[FeatureName, TagValue], Field(max_length=32)] = Field(default_factory=dict)
-
-    @field_validator("features")
-    @classmethod
-    def _finite(cls, features: dict[str, float]) -> dict[str, float]:
-        bad = [name for name, value in features.items() if not math.isfinite(value)]
-        if bad:
-            raise ValueError(f"non-finite feature values: {', '.join(sorted(bad))}")
-        return features
 
     def target_pool(self) -> str | None:
         """The pool the event's target runs in: its identity's, else its ``pool`` tag."""

@@ -93,9 +93,14 @@ def test_fleet_feature_events_name_their_pool_where_a_worker_would_be() -> None:
     assert set(FLEET_FEATURES).isdisjoint(WORKER_FEATURES)
 
 
-def test_non_finite_features_are_refused() -> None:
-    with pytest.raises(ValueError, match="non-finite"):
-        FeatureEvent(identity=IDENTITY, features={"reward_variance": float("nan")})
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_features_are_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="finite number"):
+        FeatureEvent(identity=IDENTITY, features={"grad_norm": 1.0, "reward_variance": value})
+    wire = encode(FeatureEvent(identity=IDENTITY, features={"reward_variance": 1.0}))
+    for text in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
+        with pytest.raises(DecodeError, match=r"features\.reward_variance"):
+            decode(wire.replace(b"1.0", text), FeatureEvent)
 
 
 def test_action_parameters_are_bounded() -> None:
