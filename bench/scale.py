@@ -40,10 +40,10 @@ def _in_new_store(measure: Callable[[Any, Any], dict], scale: Any, directory: st
 def _with_stage_ratio(process: dict, stream_job: list[dict]) -> dict:
     """The process's CPU per message over the ``MetricsJob`` stage's at the same fleet
     size, where both were measured: what Faust and the Kafka clients add to each message."""
+    if process["flushes_per_s"] != 1:  # the stage's messages hold a whole second each
+        return {**process, "cpu_per_message_vs_stage": None}
     stage = next((entry["cpu_s_per_message"] for entry in stream_job
                   if entry["workers"] == process["workers"]), None)
-    if process["flushes_per_s"] != 1:  # the stage's messages hold a whole second each
-        stage = None
     cpu = process["cpu_s_per_message"]
     ratio = round(cpu / stage, 2) if cpu is not None and stage else None
     return {**process, "cpu_per_message_vs_stage": ratio}

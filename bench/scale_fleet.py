@@ -142,18 +142,14 @@ def measure_engine(targets: int) -> dict:
 
     packed = engine_step_times_ms(targets)
     gc.collect()
-    from_events = engine_step_times_ms(targets, source="events")
-    gc.collect()
-    from_wire = engine_step_times_ms(targets, source="wire")
-    gc.collect()
     step_ms = statistics.median(packed)
-    from_events_ms = statistics.median(from_events)
-    from_wire_ms = statistics.median(from_wire)
-    return {"targets": targets, "step_ms": step_ms, "step_mean_ms": statistics.fmean(packed),
-            "step_max_ms": max(packed), "per_target_us": step_ms * 1000 / targets,
-            "step_from_events_ms": from_events_ms,
-            "step_from_events_mean_ms": statistics.fmean(from_events),
-            "per_target_from_events_us": from_events_ms * 1000 / targets,
-            "step_from_wire_ms": from_wire_ms,
-            "step_from_wire_mean_ms": statistics.fmean(from_wire),
-            "per_target_from_wire_us": from_wire_ms * 1000 / targets, **_rss_bytes()}
+    result = {"targets": targets, "step_ms": step_ms, "step_mean_ms": statistics.fmean(packed),
+              "step_max_ms": max(packed), "per_target_us": step_ms * 1000 / targets}
+    for source in ("events", "wire"):
+        times = engine_step_times_ms(targets, source=source)
+        gc.collect()
+        median_ms = statistics.median(times)
+        result |= {f"step_from_{source}_ms": median_ms,
+                   f"step_from_{source}_mean_ms": statistics.fmean(times),
+                   f"per_target_from_{source}_us": median_ms * 1000 / targets}
+    return {**result, **_rss_bytes()}

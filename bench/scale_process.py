@@ -39,7 +39,7 @@ def split_flushes(batch: MetricBatch, flushes: int) -> list[MetricBatch]:
     parts: list[dict[str, Any]] = [{} for _ in range(flushes)]
     for kind, columns in batch.columns.kinds().items():
         n = len(columns)
-        cuts = [-(-n * k // flushes) for k in range(flushes + 1)]  # ceil: early runs fuller
+        cuts = [-(-n * k // flushes) for k in range(flushes + 1)]  # ceil(n * k / flushes)
         for index, (start, stop) in enumerate(itertools.pairwise(cuts)):
             if stop > start:
                 parts[index][kind] = columns.model_copy(update={
@@ -74,8 +74,8 @@ def measure_stream_process(workers: int, seconds: int, flushes_per_s: int = 1,
                            bootstrap: str | None = None, timeout_s: float = 600.0) -> dict:
     """The stream-job process over ``workers`` workers' ``seconds`` of probe messages,
     each worker's second sent as ``flushes_per_s`` messages: its messages and feature
-    events per second, its CPU per message and per worker-second, and the cores that
-    would take at 100,000 workers. ``bootstrap``: a broker to use, on topics of their
+    events per second, its CPU per message, and the cores that CPU would take at
+    100,000 workers. ``bootstrap``: a broker to use, on topics of their
     own; by default one started here."""
     rates = ProbeRates()
     work = Path(tempfile.mkdtemp(prefix="dsec-bench-scale-process-"))
