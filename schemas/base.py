@@ -12,7 +12,8 @@ SCHEMA_VERSION = 1
 
 # Identifiers travel in Kafka keys and ClickHouse sort keys: short, printable.
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/]+$")]
-EpochMs = Annotated[int, Field(ge=0, le=32503680000000)]  # up to year 3000
+EPOCH_MS_MAX = 32503680000000  # year 3000
+EpochMs = Annotated[int, Field(ge=0, le=EPOCH_MS_MAX)]
 # Integers are bounded by the columns that store them (and by what the JSON encoder writes):
 # an event past them would decode here and then fail to encode or to be stored.
 INT64_MAX = 2**63 - 1

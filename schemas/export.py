@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from dsec.schemas.actuations import ActuationCommand, ActuationResult
 from dsec.schemas.dead_letters import DeadLetter
+from dsec.schemas.feature_columns import FeatureColumns
 from dsec.schemas.features import FeatureEvent
 from dsec.schemas.metrics import MetricBatch, PackedColumn
 from dsec.schemas.policies import PolicyDecision, PolicySpec
@@ -19,6 +20,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "metric_batch": MetricBatch,
     "packed_column": PackedColumn,
     "feature_event": FeatureEvent,
+    "feature_columns": FeatureColumns,
     "policy_spec": PolicySpec,
     "policy_decision": PolicyDecision,
     "pool_spec": PoolSpec,
