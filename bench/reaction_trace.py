@@ -19,8 +19,9 @@ from confluent_kafka import Consumer, Message
 from dsec.bench.reaction_figures import StageTimes
 from dsec.infra.consumer_loop import BatchWriter, ConsumerLoop, ConsumerLoopConfig, Start
 from dsec.infra.kafka_clients import consumer_config
-from dsec.schemas import ActuationCommand, DecodeError, FeatureEvent, decode, topic_names
+from dsec.schemas import ActuationCommand, DecodeError, decode, topic_names
 from dsec.schemas.fast_decode import decode_metric_batch
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.settings import DsecSettings
 from dsec.schemas.topics import TopicNames
 
@@ -45,11 +46,9 @@ class StageSightings(BatchWriter[list[Sighting]]):
         sightings = []
         for message in messages:
             try:
-                sighting = self._sighting(message)
+                sightings += self._sightings(message)
             except DecodeError:
                 continue  # not this bench's to judge
-            if sighting is not None:
-                sightings.append(sighting)
         return sightings
 
     def write(self, batch: list[Sighting]) -> None:
@@ -58,22 +57,22 @@ class StageSightings(BatchWriter[list[Sighting]]):
             if worker_id not in found or timestamp_ms < found[worker_id]:
                 found[worker_id] = timestamp_ms
 
-    def _sighting(self, message: Message) -> Sighting | None:
+    def _sightings(self, message: Message) -> list[Sighting]:
         _kind, timestamp_ms = message.timestamp()
         if message.topic() == self.topics.metrics:
             batch = decode_metric_batch(message.value())
             steps = batch.frames.get("step")
             if steps is not None and steps["loss_nonfinite"].any():
-                return "published", batch.header.identity.worker_id, timestamp_ms
+                return [("published", batch.header.identity.worker_id, timestamp_ms)]
         elif message.topic() == self.topics.features:
-            event = decode(message.value(), FeatureEvent)
-            if event.features.get("loss_nonfinite_count", 0.0) > 0:
-                return "features", event.identity.worker_id, timestamp_ms
+            return [("features", event.identity.worker_id, timestamp_ms)
+                    for event in feature_events(message.value())
+                    if event.features.get("loss_nonfinite_count", 0.0) > 0]
         else:
             command = decode(message.value(), ActuationCommand)
             if command.policy_name == self.policy_name:
-                return "command", command.target.worker_id, timestamp_ms
-        return None
+                return [("command", command.target.worker_id, timestamp_ms)]
+        return []
 
 
 def _unreadable(message: Message, reason: str) -> None:

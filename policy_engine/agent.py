@@ -111,6 +111,6 @@ def register_policy_engine(
             out = await guard.processed(records, agent.process)
             if out is not None:
                 await guard.deliver(out.messages, in_order=True)
-                instruments.batch_done(len(batch), out)
+                instruments.batch_done(out)
 
     return agent.counters

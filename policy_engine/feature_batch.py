@@ -5,19 +5,22 @@ scope, and per feature name a float column that is NaN where the row's event did
 carry the feature (a carried value is always finite). The event itself, with its tags and
 identity, is made only for the rows that fire or need the state machine's full rules.
 
-``from_events`` takes decoded events to columns in one pass; ``packed`` takes columns a
-producer already has (a stream job's packed output, a benchmark), with no event object
-per row.
+``from_events`` takes decoded events to columns in one pass; ``from_rows`` takes a
+stream job's ``FeatureColumns`` message as it decoded, and ``packed`` columns a producer
+already has (a benchmark), with no event object per row; ``concat`` joins batches in
+order.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dsec.schemas import FeatureEvent, WorkerIdentity
+from dsec.schemas.feature_columns import FeatureRows
 
 __all__ = ["FeatureBatch", "TargetSlots"]
 
@@ -61,6 +64,45 @@ class FeatureBatch:
             pools=[e.target_pool() for e in events],
             worker_scope=np.fromiter((e.scope == "worker" for e in events), bool, rows),
             make_event=events.__getitem__,
+        )
+
+    @classmethod
+    def from_rows(cls, rows: FeatureRows) -> FeatureBatch:
+        return cls(
+            targets=[f"{job}|{worker}"
+                     for job, worker in zip(rows.job_ids, rows.worker_ids, strict=True)],
+            event_times_ms=np.asarray(rows.event_times_ms, dtype=np.int64),
+            features=dict(rows.features),
+            pools=rows.target_pools(),
+            worker_scope=np.ones(len(rows), dtype=bool),
+            make_event=rows.event,
+        )
+
+    @classmethod
+    def concat(cls, batches: Sequence[FeatureBatch]) -> FeatureBatch:
+        """The batches' rows, in order, as one batch (a feature a batch lacks is NaN there)."""
+        if len(batches) == 1:
+            return batches[0]
+        sizes = [len(batch) for batch in batches]
+        starts = np.cumsum([0, *sizes]).tolist()
+        names = dict.fromkeys(name for batch in batches for name in batch.features)
+        features = {}
+        for name in names:
+            features[name] = np.concatenate([
+                batch.features[name] if name in batch.features else np.full(size, np.nan)
+                for batch, size in zip(batches, sizes, strict=True)])
+
+        def make_event(row: int) -> FeatureEvent:
+            index = bisect_right(starts, row) - 1
+            return batches[index].event(row - starts[index])
+
+        return cls(
+            targets=[target for batch in batches for target in batch.targets],
+            event_times_ms=np.concatenate([batch.event_times_ms for batch in batches]),
+            features=features,
+            pools=[pool for batch in batches for pool in batch.pools],
+            worker_scope=np.concatenate([batch.worker_scope for batch in batches]),
+            make_event=make_event,
         )
 
     @classmethod

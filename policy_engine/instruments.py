@@ -40,9 +40,10 @@ class EngineInstruments:
         self.dead_lettered.labels(SERVICE, reason_class).inc(messages)
         self.dead_letters_out.inc(messages)
 
-    def batch_done(self, records: int, out: AgentOutput) -> None:
-        """``records``: how many records of the features topic the batch held."""
-        self.features_in.inc(records)
+    def batch_done(self, out: AgentOutput) -> None:
+        """Counts in the batch's feature events (a message of columns holds many) and the
+        messages it dead-lettered."""
+        self.features_in.inc(out.events_in + len(out.dead_letters))
         for letter in out.dead_letters:
             self.dead_lettered.labels(SERVICE, dead_letter_reason(letter.reason)).inc()
         self.dead_letters_out.inc(len(out.dead_letters))

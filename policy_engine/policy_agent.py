@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from dsec.infra.records import Output, Record
 from dsec.policy_engine.decide import PolicyState
 from dsec.policy_engine.engine import Engine, EngineOutput
+from dsec.policy_engine.feature_batch import FeatureBatch
 from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.knobs import KnobEntry
 from dsec.policy_engine.pool_registry import PoolRegistry
@@ -32,8 +33,8 @@ from dsec.schemas import (
     PolicySpec,
     PoolSpec,
     Signer,
-    decode,
 )
+from dsec.schemas.feature_columns import decode_features
 from dsec.schemas.policies import policy_key
 from dsec.schemas.topics import TopicNames
 
@@ -58,12 +59,14 @@ class EngineCounters:
 class AgentOutput:
     """One batch's outputs: ``messages``, every one in publication order (dead letters,
     commands, tuned policies and pools, then the audit records); ``evaluated``, what the
-    engine decided, and ``evaluation_s``, how long that took."""
+    engine decided, and ``evaluation_s``, how long that took; ``events_in``, the feature
+    events the batch's messages held."""
 
     dead_letters: list[DeadLetter] = field(default_factory=list)
     evaluated: EngineOutput = field(default_factory=EngineOutput)
     messages: list[Output] = field(default_factory=list)
     evaluation_s: float = 0.0
+    events_in: int = 0
 
     @property
     def commands(self) -> list[ActuationCommand]:
@@ -108,23 +111,37 @@ class PolicyAgent:
         self.counters = EngineCounters()
 
     def process(self, records: Sequence[Record]) -> AgentOutput:
-        """A batch of the features topic; a record that is no feature event is
-        dead-lettered with its reason, and the others are evaluated."""
+        """A batch of the features topic (single events and ``FeatureColumns`` messages);
+        a record that is neither is dead-lettered with its reason, and the others'
+        events are evaluated in order."""
         out = AgentOutput()
-        good: list[FeatureEvent] = []
+        parts: list[FeatureBatch] = []
+        single: list[FeatureEvent] = []
         letters: list[Output] = []
         for record in records:
             try:
-                good.append(decode(record.value, FeatureEvent))
+                decoded = decode_features(record.value)
             except DecodeError as exc:
                 out.dead_letters.append(record.dead_letter(exc.reason))
                 letters.append(Output(self.topics.dead_letters, record.topic.encode(),
                                       out.dead_letters[-1]))
+                continue
+            if isinstance(decoded, FeatureEvent):
+                single.append(decoded)
+                continue
+            if single:
+                parts.append(FeatureBatch.from_events(single))
+                single = []
+            parts.append(FeatureBatch.from_rows(decoded))
+        if single or not parts:
+            parts.append(FeatureBatch.from_events(single))
+        batch = FeatureBatch.concat(parts)
         self.counters.dead_letters += len(out.dead_letters)
-        self.counters.features_in += len(good)
+        out.events_in = len(batch)
+        self.counters.features_in += len(batch)
         self.counters.batches += 1
         started_s = time.perf_counter()
-        out.evaluated = self.engine.evaluate(good)
+        out.evaluated = self.engine.evaluate_batch(batch)
         out.evaluation_s = time.perf_counter() - started_s
         evaluated = out.evaluated
         out.messages = [

@@ -13,7 +13,8 @@ from dsec.policy_engine.engine import Engine, EngineOutput
 from dsec.policy_engine.feature_memory import KnownFeatures
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.registry import PolicyRegistry, PolicyRejected
-from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec, decode
+from dsec.schemas import DecodeError, FeatureEvent, PolicySpec, PoolSpec
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.signing import HmacSigner, HmacVerifier
 
 
@@ -25,14 +26,17 @@ class Replay:
 
 
 def read_trace(path: Path) -> Iterator[FeatureEvent]:
+    """The events of a file of features-topic messages, one a line (a ``FeatureEvent`` or
+    a ``FeatureColumns`` message)."""
     with path.open("rb") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                yield decode(line, FeatureEvent)
+                events = feature_events(line.strip())
             except DecodeError as exc:
                 raise DecodeError(f"{path}:{number}: {exc.reason}") from None
+            yield from events
 
 
 def replay(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from dsec.infra.observability.metrics import is_breaker_trip
 from dsec.infra.records import Output, Record
 from dsec.schemas import DecodeError, FeatureEvent, PolicyDecision, decode, now_ms
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.features import fleet_identity
 from dsec.schemas.fleet import FLEET_INPUT_FEATURES, FleetInput
 from dsec.schemas.topics import TopicNames
@@ -77,13 +78,15 @@ class FleetRouter:
                 return []
             return self._inputs(decision.event_id, decision.event_time_ms, decision.identity,
                                 decision.identity.pool, {}, breaker_trip=True)
-        event = decode(record.value, FeatureEvent)
-        if event.scope != "worker":  # the fleet's own events come back on this topic
-            return []
-        readings = {name: event.features[name] for name in FLEET_INPUT_FEATURES
-                    if name in event.features}
-        return self._inputs(event.event_id, event.event_time_ms, event.identity,
-                            event.target_pool(), readings)
+        outputs = []
+        for event in feature_events(record.value):
+            if event.scope != "worker":  # the fleet's own events come back on this topic
+                continue
+            readings = {name: event.features[name] for name in FLEET_INPUT_FEATURES
+                        if name in event.features}
+            outputs += self._inputs(event.event_id, event.event_time_ms, event.identity,
+                                    event.target_pool(), readings)
+        return outputs
 
     def _inputs(self, source_id: str, event_time_ms: int, worker, pool: str | None,
                 readings: dict[str, float], breaker_trip: bool = False) -> list[Output]:

@@ -24,6 +24,7 @@ from dsec.schemas import (
     encode,
     topic_names,
 )
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.settings import DsecSettings
 
 
@@ -69,7 +70,8 @@ class EngineProcess:
 
 
 class Reader:
-    """Everything on one topic since the beginning, decoded, polled on demand."""
+    """Everything on one topic since the beginning, decoded, polled on demand (for
+    ``FeatureEvent``, every event of a message of columns)."""
 
     def __init__(self, settings: DsecSettings, topic: str, model) -> None:
         self.model = model
@@ -88,6 +90,8 @@ class Reader:
                 continue
             if self.model is None:
                 self.items.append((message.key(), message.value()))
+            elif self.model is FeatureEvent:  # single events and columns alike
+                self.items.extend(feature_events(message.value()))
             else:
                 self.items.append(decode(message.value(), self.model))
         return self.items

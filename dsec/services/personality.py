@@ -36,6 +36,7 @@ from dsec.schemas import (
     encode,
     topic_names,
 )
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.placement import GpuPersonalityEvent, WorkloadAffinityEvent
 from dsec.schemas.settings import DsecSettings
 from dsec.services.restored_loop import RestoredLoopService, read_to_end
@@ -92,17 +93,19 @@ class PersonalityService(RestoredLoopService, BatchWriter[Sequence[Message]]):
         for message in batch:
             topic = message.topic()
             self._in.labels(SERVICE, topic).inc()
-            model = FeatureEvent if topic == self.topics.features else GpuProfileEvent
             try:
-                event = decode(message.value(), model)
+                events: list[FeatureEvent | GpuProfileEvent] = (
+                    [*feature_events(message.value())] if topic == self.topics.features
+                    else [decode(message.value(), GpuProfileEvent)])
             except DecodeError as exc:
                 failures.append((message, exc.reason))
                 continue
-            latest_ms = max(latest_ms, event.event_time_ms)
-            if isinstance(event, FeatureEvent):
-                self.job.add_features(event)
-            else:
-                self.job.add_profile(event)
+            for event in events:
+                latest_ms = max(latest_ms, event.event_time_ms)
+                if isinstance(event, FeatureEvent):
+                    self.job.add_features(event)
+                else:
+                    self.job.add_profile(event)
         # Stamped with the input's time, so a replay derives the same history.
         self._publish(self.job.take_changes(latest_ms))
         if failures:

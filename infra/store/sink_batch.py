@@ -22,6 +22,7 @@ from dsec.schemas import (
     PolicyDecision,
 )
 from dsec.schemas.alerts import AlertEvent, GpuHealthEvent
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.placement import GpuPersonalityEvent, GpuTopologyEvent, WorkloadAffinityEvent
 from dsec.schemas.topics import TopicNames
 from dsec.schemas.usage import ProcessUsage
@@ -40,6 +41,8 @@ class TableRoute:
     to_rows: Callable[[Any], list[rows.Row]]
     id_of: Callable[[Any], str]
     id_column: str = "event_id"
+    # the events of one message, where a message may hold several (default: one ``model``)
+    events_of: Callable[[bytes | None], list[Any]] | None = None
 
 
 def _event_id(event: Any) -> str:
@@ -49,7 +52,8 @@ def _event_id(event: Any) -> str:
 def routes_for(topics: TopicNames) -> dict[str, TableRoute]:
     return {
         topics.features: TableRoute(
-            "features", rows.FEATURE_COLUMNS, FeatureEvent, rows.feature_rows, _event_id),
+            "features", rows.FEATURE_COLUMNS, FeatureEvent, rows.feature_rows, _event_id,
+            events_of=feature_events),
         topics.gpu_profiles: TableRoute(
             "gpu_profiles", rows.GPU_PROFILE_COLUMNS, GpuProfileEvent, rows.gpu_profile_rows,
             _event_id),

@@ -73,23 +73,31 @@ class BatchPreparer:
         if route is None:
             return
         try:
-            event = decode(source.value, route.model)
+            events = (route.events_of(source.value) if route.events_of is not None
+                      else [decode(source.value, route.model)])
         except DecodeError as exc:
             self._counters.undecodable += 1
             log.warning("sink: skipping %s@%d: %s", source.topic, source.offset, exc.reason)
             return
-        event_id = route.id_of(event)
-        if not self._recent.claim(route.table, event_id):
-            self._counters.duplicates_skipped += 1
-            return
+        # A message's events go in together or not at all.
+        claimed: list[tuple[str, str]] = []
+        stored: list[StoredEvent] = []
         try:
-            stored = StoredEvent(event_id, source, route.to_rows(event))
+            for event in events:
+                event_id = route.id_of(event)
+                if not self._recent.claim(route.table, event_id):
+                    self._counters.duplicates_skipped += 1
+                    continue
+                claimed.append((route.table, event_id))
+                stored.append(StoredEvent(event_id, source, route.to_rows(event)))
         except Exception:
-            self._recent.release([(route.table, event_id)])
+            self._recent.release(claimed)
             raise
-        batch.claims.append((route.table, event_id))
-        batch.events.setdefault(route.table, []).append(stored)
-        batch.token(route.table).update(event_id.encode())
+        batch.claims.extend(claimed)
+        batch.events.setdefault(route.table, []).extend(stored)
+        token = batch.token(route.table)
+        for event in stored:
+            token.update(event.event_id.encode())
 
     def _add_raw(self, source: Source, raw_batches: RawBatches, batch: PreparedBatch) -> None:
         try:

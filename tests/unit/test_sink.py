@@ -30,6 +30,7 @@ from dsec.schemas import (
     topic_names,
 )
 from dsec.schemas.event_times import EventTimeWindow
+from dsec.schemas.feature_columns import pack_feature_events
 
 TOPICS = topic_names("t")
 GROUP = "sink"
@@ -190,3 +191,19 @@ def test_recent_ids_keep_what_was_stored_and_take_back_what_was_not() -> None:
     assert recent.claim("features", "a") and not recent.claim("features", "c")
     recent.release_all()
     assert recent.claim("features", "a")
+
+
+def test_columns_of_features_are_stored_a_row_per_event_each_once(client) -> None:
+    log = InMemoryLog()
+    features = [_feature(f"w{n}", n) for n in range(6)]
+    log.append(TOPICS.features, encode(pack_feature_events(features[:4], "columns-1", 0)))
+    # a replay packs the events otherwise: rows already stored are not stored again
+    log.append(TOPICS.features, encode(pack_feature_events(features[2:], "columns-2", 0)))
+    log.append(TOPICS.features, encode(features[5]))
+    sink = _sink(log, client, ListDeadLetters())
+    _run_until(sink, lambda: _committed(log, TOPICS.features) == 3, "the batches committed")
+
+    assert _scalar(client, "SELECT uniqExact(event_id) FROM features") == 6
+    assert _scalar(client, "SELECT count() FROM features") == sink.counters.rows_by_table[
+        "features"]
+    assert sink.counters.duplicates_skipped == 3
