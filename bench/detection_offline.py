@@ -74,7 +74,7 @@ def run_offline(traces: Sequence[DetectionTrace], start_ms: int, preroll_s: floa
             offset[0] += len(card_records)
             told, states = cards.process(card_records)
             cards.save(states)
-            features = [o for o in [*result.per_record, *result.per_gpu, *told]
+            features = [o for o in [*result.feature_columns, *told]
                         if o.topic == topics.features]
             out = agent.process([Record(o.topic, 0, 0, o.key, encode(o.event))
                                  for o in features])

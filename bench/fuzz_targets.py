@@ -48,6 +48,7 @@ from dsec.schemas import (
 )
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import DecodedBatch, decode_metric_batch
+from dsec.schemas.feature_columns import decode_features
 from dsec.schemas.features import WORKER_FEATURES
 from dsec.schemas.frames import Frame, batch_frames
 from dsec.schemas.signing import HmacSigner, HmacVerifier
@@ -186,7 +187,8 @@ def _stored(target: str, data: Any, decoded: DecodedBatch) -> None:
 
 def _through_the_metrics_job(target: str, data: Any, messages: Sequence[bytes]) -> None:
     """The metrics job's part: one worker's messages in two batches, the state saved in
-    between; nothing raised, and every output encodable for the producer."""
+    between; nothing raised, every output encodable for the producer, and every message
+    of features (columns, built unvalidated) valid for its consumers."""
     job = MetricsJob(topic_names("fuzz"), {}, clock_ms=lambda: NOW_MS)
     records = [Record(job.topics.metrics, 0, offset, b"worker", value)
                for offset, value in enumerate(messages)]
@@ -196,7 +198,9 @@ def _through_the_metrics_job(target: str, data: Any, messages: Sequence[bytes]) 
             continue
         result = _outcome(target, data, lambda part=part: job.process(part, NOW_MS), ())
         for output in result.outputs:
-            _outcome(target, data, output.value, ())
+            value = _outcome(target, data, output.value, ())
+            if output.topic == job.topics.features:
+                _outcome(target, data, lambda value=value: decode_features(value), ())
         job.save(result.states)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalStateError
+from aiokafka.partitioner import murmur2
 from faust import App, Table
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -34,7 +35,8 @@ __all__ = [
     "TP", "App", "CommitStalls", "DsecFaustApp", "EventT", "FaustInternalsChanged",
     "QuietWorker", "StreamT", "Table", "TopicT", "batch_guard", "check_faust_internals",
     "committed_offsets", "fetch_topic_metadata", "make_faust_app", "on_partitions_assigned",
-    "publish", "record_of", "seek_to_committed_or_reset", "watch_faust_app",
+    "publish", "record_of", "seek_to_committed_or_reset", "topic_partitioner",
+    "watch_faust_app",
 ]
 
 
@@ -273,6 +275,18 @@ async def fetch_topic_metadata(app: App, topic: str) -> None:
     needs that metadata: fetch it before the table's first write."""
     producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
     await producer.partitions_for(topic)
+
+
+async def topic_partitioner(app: App, topic: str) -> Callable[[bytes], int]:
+    """The partition the app's producer gives a key on ``topic``: Kafka's default
+    partitioner (murmur2 of the key), over the partitions the broker has for it."""
+    producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+    partitions = len(await producer.partitions_for(topic))
+
+    def partition_of(key: bytes) -> int:
+        return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+    return partition_of
 
 
 async def committed_offsets(consumer: Any, tps: Iterable[TP],

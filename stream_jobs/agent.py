@@ -22,6 +22,7 @@ from dsec.infra.faust_app import (
     fetch_topic_metadata,
     publish,
     record_of,
+    topic_partitioner,
 )
 from dsec.infra.observability.metrics import ProcessMetrics
 from dsec.infra.records import Output, Record
@@ -73,9 +74,9 @@ def register_metrics_job(
                 # leave the next batch unfetched and this one's outputs unsent until the end.
                 await asyncio.sleep(0)
                 turn_s = time.perf_counter()
-            output = batch.add(record)
-            if output is not None:
-                sends.append(await send(output))
+            letter = batch.add(record)
+            if letter is not None:
+                sends.append(await send(letter))
         result = batch.finish()
         for output in result.after_records:
             sends.append(await send(output))
@@ -91,6 +92,7 @@ def register_metrics_job(
     @app.agent(source, name="metrics-job")
     async def metrics_job(stream: StreamT) -> None:
         await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
+        job.feature_partition = await topic_partitioner(app, topics.features)
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
             await guard.run([record_of(event) for event in events], process)
 

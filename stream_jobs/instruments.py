@@ -53,7 +53,7 @@ class JobInstruments:
         for reason in result.dead_letter_reasons:
             self.dead_lettered.labels(SERVICE, dead_letter_reason(reason)).inc()
         self.dead_letters_out.inc(len(result.dead_letter_reasons))
-        self.features_out.inc(len(result.per_record) - len(result.dead_letter_reasons))
+        self.features_out.inc(len(result.features))
         self.gpu_profiles_out.inc(len(result.gpu_profiles))
         self.messages_in.inc(messages)
         self.batch_latency.observe(time.perf_counter() - started_s)

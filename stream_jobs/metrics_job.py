@@ -28,6 +28,7 @@ from dsec.schemas import (
 from dsec.schemas.cards import CardReport
 from dsec.schemas.event_times import EventTimeWindow
 from dsec.schemas.fast_decode import decode_metric_batch
+from dsec.schemas.feature_columns import pack_feature_events
 from dsec.schemas.features import RegimeGrowth
 from dsec.schemas.metrics import duplicate_key
 from dsec.schemas.topics import TopicNames
@@ -67,17 +68,20 @@ def derived_event_id(*parts: object) -> str:
 
 @dataclass
 class BatchResult:
-    """What one batch of records gave: ``per_record`` (a feature event or a dead letter for
-    each record that gave one, in the records' order), then ``gpu_profiles`` (the latest
-    contribution per GPU and worker), ``per_gpu`` (the feature events per GPU of workers
-    on several), ``card_reports`` (to the card job), and the worker states to save once
-    they are out. ``derived``: per worker, the features of each of its records, for
-    telemetry. ``counters``: what the batch counted, for the job's counters once it is
-    saved (a batch handled again after a failed delivery counts once)."""
+    """What one batch of records gave: ``per_record`` (a dead letter for each record that
+    gave one, in the records' order); ``features``, the feature event of each record that
+    gave one, in the records' order, then those per GPU of workers on several;
+    ``feature_columns``, those events as ``FeatureColumns`` messages, one or more per
+    partition of the features topic; ``gpu_profiles`` (the latest contribution per GPU and
+    worker), ``card_reports`` (to the card job), and the worker states to save once they
+    are out. ``derived``: per worker, the features of each of its records, for telemetry.
+    ``counters``: what the batch counted, for the job's counters once it is saved (a batch
+    handled again after a failed delivery counts once)."""
 
     per_record: list[Output] = field(default_factory=list)
+    features: list[FeatureEvent] = field(default_factory=list)
+    feature_columns: list[Output] = field(default_factory=list)
     gpu_profiles: list[Output] = field(default_factory=list)
-    per_gpu: list[Output] = field(default_factory=list)
     card_reports: list[Output] = field(default_factory=list)
     states: dict[str, WorkerState] = field(default_factory=dict)
     derived: dict[str, list[dict[str, float]]] = field(default_factory=dict)
@@ -92,7 +96,7 @@ class BatchResult:
     @property
     def after_records(self) -> list[Output]:
         """What ``finish`` adds to the per-record outputs, in the order to publish it."""
-        return [*self.gpu_profiles, *self.per_gpu, *self.card_reports]
+        return [*self.feature_columns, *self.gpu_profiles, *self.card_reports]
 
 
 @dataclass
@@ -131,18 +135,27 @@ class MetricsJob:
         event_times: EventTimeWindow | None = None,
         clock_ms: Callable[[], int] = now_ms,
         card_report_interval_s: float = 30.0,
+        feature_partition: Callable[[bytes], int] | None = None,
+        feature_rows_per_message: int = 1000,
     ) -> None:
         """``states``: worker id -> state. ``event_times``: the sample times the store
         keeps; batches with samples outside it are dead-lettered (the default: the store's
         default window). ``clock_ms``: the wall clock (epoch ms) that stamps each output
         as it is made. ``card_report_interval_s``: how often a worker's membership of its
-        cards is told again to the card job while nothing about it changes."""
+        cards is told again to the card job while nothing about it changes.
+        ``feature_partition``: the features topic's partition of a key, as the producer
+        chooses it (None: one partition). A ``FeatureColumns`` message holds the rows of one
+        partition only, at most ``feature_rows_per_message``, under its first row's key:
+        each row lands where its worker's single event would, and the engine's state for
+        the worker with it."""
         self.topics = topics
         self.states = states
         self.config = config or FeatureConfig()
         self.event_times = event_times or EventTimeWindow()
         self.clock_ms = clock_ms
         self.card_report_interval_ms = s_to_ms(card_report_interval_s)
+        self.feature_partition = feature_partition
+        self.feature_rows_per_message = feature_rows_per_message
         self.counters = JobCounters()
         # partition -> the highest source offset processed here: a worker is judged silent
         # only where everything on its partition has been read.
@@ -207,8 +220,8 @@ class MetricsJob:
             result.lost_workers += 1
             assert state.identity is not None  # a state with a heartbeat has its identity
             event_id = derived_event_id("lost", worker, state.heartbeat.last_seen_ms)
-            result.outputs.append(self.feature_output(state.identity, lost, event_id,
-                                                      state=state))
+            result.outputs.append(self.feature_output(
+                self.feature_event(state.identity, lost, event_id, state=state)))
             result.states[worker] = new_state
             result.read[worker] = state
             self.counters.features_out += 1
@@ -223,20 +236,43 @@ class MetricsJob:
         end = partition_end(partition)
         return end is not None and self.processed_through.get(partition, -1) >= end - 1
 
-    def feature_output(self, identity: WorkerIdentity, values: dict[str, float],
-                       event_id: str, tags: dict[str, str] | None = None,
-                       state: WorkerState | None = None, gpu_uuid: str | None = None,
-                       window: str = "rolling") -> Output:
+    def feature_event(self, identity: WorkerIdentity, values: dict[str, float],
+                      event_id: str, tags: dict[str, str] | None = None,
+                      state: WorkerState | None = None, gpu_uuid: str | None = None,
+                      window: str = "rolling") -> FeatureEvent:
         """``state``: the worker's, for the model of its GPU. ``gpu_uuid``: the GPU the
         event is about; by default the GPU the worker sampled last."""
         latest = state.latest_gpu() if state is not None else None
         if gpu_uuid is None and latest is not None:
             gpu_uuid = latest[0]
-        event = FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
-                             identity=identity, gpu_uuid=gpu_uuid, window=window,
-                             features=values,
-                             tags={**target_tags(identity, state), **(tags or {})})
-        return Output(self.topics.features, identity.worker_id.encode(), event)
+        return FeatureEvent(event_id=event_id, event_time_ms=self.clock_ms(),
+                            identity=identity, gpu_uuid=gpu_uuid, window=window,
+                            features=values,
+                            tags={**target_tags(identity, state), **(tags or {})})
+
+    def feature_output(self, event: FeatureEvent) -> Output:
+        """One feature event on its own, keyed by its worker."""
+        return Output(self.topics.features, event.identity.worker_id.encode(), event)
+
+    def feature_columns(self, events: list[FeatureEvent]) -> list[Output]:
+        """``events`` as ``FeatureColumns`` messages, rows in order within each partition."""
+        by_partition: dict[int, list[FeatureEvent]] = {}
+        partition_of = self.feature_partition
+        for event in events:
+            partition = (partition_of(event.identity.worker_id.encode())
+                         if partition_of is not None else 0)
+            by_partition.setdefault(partition, []).append(event)
+        outputs = []
+        step = self.feature_rows_per_message
+        for group in by_partition.values():
+            for start in range(0, len(group), step):
+                rows = group[start:start + step]
+                message_id = derived_event_id("feature-columns",
+                                              *(event.event_id for event in rows))
+                message = pack_feature_events(rows, message_id, self.clock_ms())
+                outputs.append(Output(self.topics.features,
+                                      rows[0].identity.worker_id.encode(), message))
+        return outputs
 
     def dead_letter_output(self, record: Record, reason: str) -> Output:
         return Output(self.topics.dead_letters, record.topic.encode(),
@@ -252,9 +288,10 @@ class MetricsBatch:
         self._batch_ms = batch_ms
         self._result = BatchResult()
         self._gpus: dict[tuple[str, str], tuple[WorkerIdentity, GpuContribution, Record]] = {}
-        self._per_gpu: dict[tuple[str, str], Output] = {}
+        self._per_gpu: dict[tuple[str, str], FeatureEvent] = {}
 
     def add(self, record: Record) -> Output | None:
+        """The record's dead letter, to publish at once, if it gives one."""
         job, result = self._job, self._result
         counters = result.counters
         counters.messages_in += 1
@@ -289,7 +326,7 @@ class MetricsBatch:
             self._gpus[(contribution.gpu_uuid, worker)] = (batch.identity, contribution, record)
         for uuid, values in update.gpu_features.items():
             model = update.state.gpus[uuid].model
-            self._per_gpu[(uuid, worker)] = job.feature_output(
+            self._per_gpu[(uuid, worker)] = job.feature_event(
                 batch.identity, values,
                 derived_event_id("gpu-features", uuid, worker, record.partition, record.offset),
                 {"gpu_model": model[:128]} if model else None,
@@ -298,12 +335,11 @@ class MetricsBatch:
             return None
         # One feature event per input message, with an id derived from it.
         event_id = derived_event_id("features", worker, record.partition, record.offset)
-        output = job.feature_output(batch.identity, update.features, event_id, update.tags,
-                                    update.state)
-        result.per_record.append(output)
+        result.features.append(job.feature_event(batch.identity, update.features, event_id,
+                                                 update.tags, update.state))
         result.derived.setdefault(worker, []).append(update.features)
         counters.features_out += 1
-        return output
+        return None
 
     def _tell_cards(self, state: WorkerState, named: str | None,
                     contributions: list[GpuContribution], record: Record) -> WorkerState:
@@ -349,6 +385,7 @@ class MetricsBatch:
             )
             self._result.gpu_profiles.append(Output(topic, f"{uuid}/{worker}".encode(), profile))
         self._result.counters.gpu_profiles_out += len(self._gpus)
-        self._result.per_gpu = list(self._per_gpu.values())
+        self._result.features.extend(self._per_gpu.values())
         self._result.counters.features_out += len(self._per_gpu)
+        self._result.feature_columns = self._job.feature_columns(self._result.features)
         return self._result

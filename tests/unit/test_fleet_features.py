@@ -155,7 +155,7 @@ def test_pool_features_from_probe_batches_and_decisions() -> None:
          for i, b in enumerate(batches)], T0)
     router = FleetRouter(TOPICS)
     trips = [_breaker_trip(batches[0].identity, T0 + n, n) for n in range(4)]
-    inputs = router.process([*_records(TOPICS.features, result.per_record),
+    inputs = router.process([*_records(TOPICS.features, result.feature_columns),
                              *_records(TOPICS.decisions, [_as_output(t) for t in trips])])
     assert {o.key for o in inputs} == {b"job|pool:A", b"job|job"}
     states: dict[str, FleetState] = {}

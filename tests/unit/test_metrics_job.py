@@ -21,6 +21,7 @@ from dsec.schemas import (
     WorkerIdentity,
     encode,
 )
+from dsec.schemas.feature_columns import feature_events
 from dsec.schemas.policies import TargetSelector
 from dsec.schemas.topics import topic_names
 from dsec.stream_jobs.metrics_job import MetricsJob, derived_event_id
@@ -46,9 +47,12 @@ def test_a_batch_gives_one_feature_event_per_record_with_the_known_slope() -> No
     batches = grad_norm_decay(IDENTITY, log_slope_per_step=-0.002, steps=1000)
     job = MetricsJob(TOPICS, {})
     result = job.process(_records(batches), _now_ms(batches))
-    assert [o.topic for o in result.per_record] == [TOPICS.features] * len(batches)
-    assert {o.key for o in result.per_record} == {b"worker-000"}
-    last = result.per_record[-1].event
+    assert result.per_record == [] and len(result.features) == len(batches)
+    # one message of columns, under the worker's key, whose rows are the events
+    (message,) = result.feature_columns
+    assert (message.topic, message.key) == (TOPICS.features, b"worker-000")
+    assert feature_events(message.value()) == result.features
+    last = result.features[-1]
     assert isinstance(last, FeatureEvent)
     assert last.features["grad_norm_log_slope"] == pytest.approx(-0.002, rel=1e-6)
     assert last.features["steps_total"] == 1000.0
@@ -113,7 +117,7 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_batch_goes_on()
     assert (first.partition, first.offset, first.payload) == (2, 7, "{not json")
     assert "not JSON" in first.reason and "tombstone" in second.reason
     assert result.dead_letter_reasons == [first.reason, second.reason]
-    assert len(result.per_record) == len(batches) + 2
+    assert len(result.per_record) == 2 and len(result.features) == len(batches)
     assert job.counters.dead_letters == 2
 
 
@@ -137,8 +141,8 @@ def test_one_gpu_profile_per_gpu_and_worker_with_the_known_leak() -> None:
         leak, rel=0.02)
     assert event.event_id == derived_event_id("gpu", IDENTITY.gpu_uuid, "worker-000", 0,
                                               len(batches) - 1)
-    # after every per-record output, before the per-GPU events and the card reports
-    assert result.outputs[len(result.per_record)] is profile
+    # after the per-record outputs and the features, before the card reports
+    assert result.outputs[len(result.per_record) + len(result.feature_columns)] is profile
 
 
 def test_states_kept_as_table_bytes_give_the_same_outputs_as_kept_objects() -> None:
@@ -266,7 +270,7 @@ def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() ->
                for b in leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)]
     job = MetricsJob(TOPICS, {})
     result = job.process(_records(batches), _now_ms(batches))
-    event = result.per_record[-1].event
+    event = result.features[-1]
     assert event.tags["pool"] == "a100-pool" and event.tags["rack"] == "r7"
     assert event.tags["gpu_model"] == IDENTITY.gpu_model
     selector = TargetSelector(pools=["a100-pool"], gpu_models=[IDENTITY.gpu_model],
@@ -282,7 +286,7 @@ def test_feature_events_carry_the_pool_gpu_model_and_labels_selectors_match() ->
                                           "gpu_model": IDENTITY.gpu_model}
     unpooled = leak_on_long_episodes(IDENTITY, leak_bytes_per_s=1e6)[:3]
     plain = MetricsJob(TOPICS, {}).process(_records(unpooled), _now_ms(unpooled))
-    assert plain.per_record[-1].event.tags.keys() <= {"gpu_model", "episode_end_reason"}
+    assert plain.features[-1].tags.keys() <= {"gpu_model", "episode_end_reason"}
 
 
 def test_feature_events_name_the_gpu_they_came_from() -> None:
@@ -291,6 +295,6 @@ def test_feature_events_name_the_gpu_they_came_from() -> None:
     batches = leak_on_long_episodes(replace(IDENTITY, gpu_uuid="GPU-abc"), 1e6, phase_s=2,
                                     phases=1)
     result = MetricsJob(TOPICS, {}).process(_records(batches), _now_ms(batches))
-    events = [o.event for o in result.per_record]
+    events = result.features
     assert {e.gpu_uuid for e in events} == {"GPU-abc"}
     assert {e.tags["gpu_model"] for e in events} == {IDENTITY.gpu_model}

@@ -47,9 +47,9 @@ def test_the_metrics_job_publishes_a_runtimes_features() -> None:
     job = MetricsJob(topics, {})
     result = job.process([Record(topics.metrics, 0, 0, b"dify-agent-7", encode(batch))],
                          T0_MS + 1_000)
-    (output,) = result.per_record
-    assert output.event.features["runtime_call_latency_ms"] == 2500.0
-    assert output.event.identity == IDENTITY
+    (event,) = result.features
+    assert event.features["runtime_call_latency_ms"] == 2500.0
+    assert event.identity == IDENTITY
 
 
 def test_the_builtin_policy_asks_for_accumulation_over_the_latency_cap() -> None:
