@@ -2,9 +2,10 @@
 batch's features, so that a consumer decodes a column at a time, not an event at a time.
 
 ``FeatureColumns`` is the contract (its JSON Schema is exported with the others): one row
-per feature event, every list and packed column of the same length, the row's features
-in one little-endian float column per name (NaN where the row does not carry the name;
-a carried value is finite), its tags in one string column per name (null where absent).
+per feature event, every list of the same length; the features as one block of
+little-endian floats, a column of every row per name in ``feature_names``' order (NaN
+where the row does not carry the name; a carried value is finite); the tags as one
+string column per name (null where absent).
 A row is a worker-scope ``FeatureEvent`` and means exactly what that event would.
 
 ``decode_features`` takes either form off the features topic. The model validates the
@@ -29,6 +30,7 @@ from dsec.schemas.base import (
     Identifier,
     LabelKey,
     LabelValue,
+    Model,
     WorkerIdentity,
 )
 from dsec.schemas.codec import DecodeError, base64_bytes, decode, describe
@@ -41,13 +43,14 @@ __all__ = [
 ]
 
 MAX_FEATURE_ROWS = 10_000
+MAX_FEATURE_VALUES = 1_000_000  # 8 MB of floats: past any broker's message size
 _Rows = Field(min_length=1, max_length=MAX_FEATURE_ROWS)
 EventId = Annotated[str, Field(min_length=8, max_length=64)]
 Window = Annotated[str, Field(max_length=64)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=16)]
 
 
-def _unpack(column: PackedColumn, dtype: str, name: str) -> np.ndarray:
+def _raw(column: PackedColumn | PackedValues, dtype: str, name: str) -> bytes:
     if column.dtype != dtype:
         raise ValueError(f"{name}: packed dtype must be {dtype}, got {column.dtype}")
     try:
@@ -56,7 +59,18 @@ def _unpack(column: PackedColumn, dtype: str, name: str) -> np.ndarray:
         raise ValueError(f"{name}: packed column data is not base64") from None
     if len(raw) % 8:
         raise ValueError(f"{name}: packed column length is not a multiple of {dtype}")
-    return np.frombuffer(raw, dtype=dtype)
+    return raw
+
+
+def _unpack(column: PackedColumn | PackedValues, dtype: str, name: str) -> np.ndarray:
+    return np.frombuffer(_raw(column, dtype, name), dtype=dtype)
+
+
+class PackedValues(Model):
+    """Floats as little-endian bytes in base64 (NaN: no value)."""
+
+    dtype: Literal["<f8"]
+    data: Annotated[str, Field(max_length=4 * MAX_FEATURE_VALUES * 8 // 3 + 4)]
 
 
 class FeatureColumns(Event):
@@ -73,22 +87,25 @@ class FeatureColumns(Event):
     labels: Annotated[list[Labels | None], _Rows] | None = None
     gpu_uuids: Annotated[list[Identifier | None], _Rows] | None = None
     windows: Annotated[list[Window], _Rows] | None = None
-    features: Annotated[dict[FeatureName, PackedColumn], Field(max_length=256)]  # <f8
+    feature_names: Annotated[list[FeatureName], Field(max_length=256)]
+    # len(feature_names) x rows: the first name's value for every row, then the next
+    feature_values: PackedValues | None = None
     tags: Annotated[dict[FeatureName, Annotated[list[TagValue | None], _Rows]],
                     Field(max_length=32)] = Field(default_factory=dict)
 
     # the packed columns as arrays, once validated (none for a model built unvalidated)
-    _times: np.ndarray | None = PrivateAttr(None)
-    _values: dict[str, np.ndarray] = PrivateAttr(default_factory=dict)
+    _arrays: tuple[np.ndarray, dict[str, np.ndarray]] | None = PrivateAttr(None)
 
-    def times_ms(self) -> np.ndarray:
-        return (self._times if self._times is not None
-                else _unpack(self.event_times_ms, "<i8", "event_times_ms"))
-
-    def values(self, name: str) -> np.ndarray:
-        if name in self._values:
-            return self._values[name]
-        return _unpack(self.features[name], "<f8", f"features.{name}")
+    def arrays(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows' event times and each feature's values, as arrays."""
+        arrays = self._arrays
+        if arrays is None:
+            block = (_unpack(self.feature_values, "<f8", "feature_values")
+                     if self.feature_values is not None else np.empty(0))
+            arrays = (_unpack(self.event_times_ms, "<i8", "event_times_ms"),
+                      dict(zip(self.feature_names,
+                               block.reshape(len(self.feature_names), -1), strict=True)))
+        return arrays
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureColumns:
@@ -105,15 +122,21 @@ class FeatureColumns(Event):
             raise ValueError(f"event_times_ms: {len(times)} rows where event_ids has {rows}")
         if times.size and (times.min() < 0 or times.max() > EPOCH_MS_MAX):
             raise ValueError("event_times_ms: outside the epoch milliseconds an event takes")
-        for name, column in self.features.items():
-            values = _unpack(column, "<f8", f"features.{name}")
-            if len(values) != rows:
-                raise ValueError(f"features.{name}: {len(values)} rows where event_ids has "
-                                 f"{rows}")
-            if np.isinf(values).any():
-                raise ValueError(f"features.{name}: a value is infinite")
-            self._values[name] = values
-        self._times = times
+        names = self.feature_names
+        if len(set(names)) != len(names):
+            raise ValueError("feature_names: a name is given twice")
+        raw = (_raw(self.feature_values, "<f8", "feature_values")
+               if self.feature_values is not None else b"")
+        if len(raw) != len(names) * rows * 8:
+            raise ValueError(f"feature_values: {len(raw) // 8} values where "
+                             f"{len(names)} names of {rows} rows take {len(names) * rows}")
+        block = np.frombuffer(raw, dtype="<f8").reshape(len(names), rows)
+        infinite = np.isinf(block).any(axis=1)
+        if infinite.any():
+            raise ValueError(f"feature_values: a value of {names[int(infinite.argmax())]} "
+                             "is infinite")
+        columns = dict(zip(names, block, strict=True))
+        self._arrays = (times, columns)
         for labels in self.labels or ():
             taken = sorted(set(labels or ()) & RESERVED_LABELS)
             if taken:
@@ -173,9 +196,10 @@ class FeatureRows:
 
 
 def _rows_of(model: FeatureColumns) -> FeatureRows:
+    times, columns = model.arrays()
     return FeatureRows(
         event_ids=list(model.event_ids),
-        event_times_ms=model.times_ms(),
+        event_times_ms=times,
         job_ids=list(model.job_ids), worker_ids=list(model.worker_ids),
         node_ids=list(model.node_ids),
         pools=list(model.pools) if model.pools is not None else None,
@@ -183,7 +207,7 @@ def _rows_of(model: FeatureColumns) -> FeatureRows:
         if model.labels is not None else None,
         gpu_uuids=list(model.gpu_uuids) if model.gpu_uuids is not None else None,
         windows=list(model.windows) if model.windows is not None else None,
-        features={name: model.values(name) for name in model.features},
+        features=columns,
         tags={name: list(column) for name, column in model.tags.items()},
     )
 
@@ -241,8 +265,8 @@ def pack_feature_events(events: Sequence[FeatureEvent], event_id: str,
     return FeatureColumns.model_construct(
         event_id=event_id, event_time_ms=event_time_ms, form="columns",
         event_ids=[event.event_id for event in events],
-        event_times_ms=_pack(np.fromiter((e.event_time_ms for e in events), np.int64, rows),
-                             "<i8"),
+        event_times_ms=PackedColumn.model_construct(dtype="<i8", data=_base64(
+            np.fromiter((e.event_time_ms for e in events), "<i8", rows))),
         job_ids=[identity.job_id for identity in identities],
         worker_ids=[identity.worker_id for identity in identities],
         node_ids=[identity.node_id for identity in identities],
@@ -250,12 +274,13 @@ def pack_feature_events(events: Sequence[FeatureEvent], event_id: str,
         labels=labels if any(label is not None for label in labels) else None,
         gpu_uuids=gpu_uuids if any(uuid is not None for uuid in gpu_uuids) else None,
         windows=windows if any(windows) else None,
-        features={name: _pack(np.asarray(column, dtype=np.float64), "<f8")
-                  for name, column in values.items()},
+        feature_names=list(values),
+        feature_values=PackedValues.model_construct(
+            dtype="<f8", data=_base64(np.array(list(values.values()), dtype="<f8")))
+        if values else None,
         tags=tags,
     )
 
 
-def _pack(array: np.ndarray, dtype: str) -> PackedColumn:
-    return PackedColumn.model_construct(
-        dtype=dtype, data=pybase64.b64encode(array.astype(dtype).tobytes()).decode())
+def _base64(array: np.ndarray) -> str:
+    return pybase64.b64encode(array.tobytes()).decode()
