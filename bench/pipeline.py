@@ -37,7 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.pipeline_limit import consume_batch, decoded_columns, limit_rate
@@ -266,6 +273,37 @@ def messages_in(settings: DsecSettings, topic: str) -> int:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                    for p in metadata.partitions)
+    finally:
+        consumer.close()
+
+
+def feature_events_in(settings: DsecSettings, topic: str, timeout_s: float = 60.0) -> int:
+    """How many feature events the features ``topic`` holds, whichever form each message
+    has (one event, or a ``FeatureColumns`` message of many): read from the beginning
+    to the high watermarks."""
+    from dsec.schemas.feature_columns import feature_events
+
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap,
+                         "group.id": "dsec-bench-count", "enable.auto.commit": False,
+                         **settings.kafka_security()})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in metadata.partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        left = {p: end for p, end in ends.items() if end > 0}
+        events = 0
+        deadline_s = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline_s:
+            message = consumer.poll(1.0)
+            if message is None or message.error() is not None:
+                continue
+            events += len(feature_events(message.value()))
+            if message.offset() + 1 >= left.get(message.partition(), 0):
+                left.pop(message.partition(), None)
+        if left:
+            raise TimeoutError(f"{topic}: not read to its end within {timeout_s:.0f} s")
+        return events
     finally:
         consumer.close()
 

@@ -44,8 +44,11 @@ HEALTHY = {
 
 
 # Where an engine step's batch comes from: columns, decoded events, or the features
-# topic's message values, decoded inside the step as the policy engine's agent does.
-StepSource = Literal["packed", "events", "wire"]
+# topic's message values, decoded inside the step as the policy engine's agent does:
+# one event a message (``wire``), or ``FeatureColumns`` messages of ``COLUMN_ROWS`` rows
+# (``columns``), as the metrics job sends a batch of probe messages.
+StepSource = Literal["packed", "events", "wire", "columns"]
+COLUMN_ROWS = 500
 
 
 def engine_step_ms(targets: int, tripping: float = 0.01, source: StepSource = "packed") -> float:
@@ -64,8 +67,10 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
     the known features written for each target once).
     ``source``: ``packed``, the batch comes as columns (``FeatureBatch.packed``, as a
     stream job's packed output would give it); ``events``, as decoded ``FeatureEvent``
-    objects, taken to columns inside the step; ``wire``, as the encoded events the
-    features topic carries, each decoded and validated inside the step."""
+    objects, taken to columns inside the step; ``wire``, as single encoded events on the
+    features topic, each decoded and validated inside the step; ``columns``, as the
+    ``FeatureColumns`` messages the metrics job sends, each decoded and validated inside
+    the step."""
     import numpy as np
 
     from dsec.policy_engine.builtin import load_builtin_policies
@@ -73,6 +78,7 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
     from dsec.policy_engine.feature_batch import FeatureBatch
     from dsec.policy_engine.registry import PolicyRegistry
     from dsec.schemas import FeatureEvent, WorkerIdentity, decode, encode
+    from dsec.schemas.feature_columns import decode_features, pack_feature_events
     from dsec.schemas.signing import TrustListVerifier, new_keyring
 
     keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
@@ -99,6 +105,10 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
             )
             for i in range(targets)
         ]
+        if source == "columns":
+            return [encode(pack_feature_events(events[start:start + COLUMN_ROWS],
+                                               f"columns-{time_ms}-{start}", time_ms))
+                    for start in range(0, targets, COLUMN_ROWS)]
         return [encode(event) for event in events] if source == "wire" else events
 
     engine = Engine(registry, {}, {}, keyring)
@@ -108,6 +118,9 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
             engine.evaluate_batch(batch)
         elif source == "wire":
             engine.evaluate([decode(value, FeatureEvent) for value in batch])
+        elif source == "columns":
+            engine.evaluate_batch(FeatureBatch.concat(
+                [FeatureBatch.from_rows(decode_features(value)) for value in batch]))
         else:
             engine.evaluate(batch)
 
@@ -171,9 +184,12 @@ def run(targets: int, repeats: int, celpy_sample: int) -> dict:
         "engine_step_ms": round(engine_step_ms(targets), 1),
         "engine_step_from_events_ms": round(engine_step_ms(targets, source="events"), 1),
         "engine_step_from_wire_ms": round(engine_step_ms(targets, source="wire"), 1),
+        "engine_step_from_columns_ms": round(engine_step_ms(targets, source="columns"), 1),
         "engine_step_note": "whole engine step, median of 6 steady-state steps, 1% of "
                             "targets tripping: from a packed batch, from decoded "
-                            "feature events, and from their encoded bytes",
+                            "feature events, from their encoded bytes one event a "
+                            f"message, and from FeatureColumns messages of {COLUMN_ROWS} "
+                            "rows as the metrics job sends them",
     }
 
 

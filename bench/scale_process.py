@@ -19,7 +19,12 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from dsec.bench.pipeline import PipelineBenchOptions, messages_in, pipeline_rate
+from dsec.bench.pipeline import (
+    PipelineBenchOptions,
+    feature_events_in,
+    messages_in,
+    pipeline_rate,
+)
 from dsec.bench.scale_fleet import ProbeRates, worker_second
 from dsec.infra.kafka_clients import producer_config
 from dsec.infra.kafka_local import LocalKafka
@@ -97,13 +102,14 @@ def measure_stream_process(workers: int, seconds: int, flushes_per_s: int = 1,
                              frozenset({"stream-jobs"}))
         messages_per_s = rate["stream_job_samples_per_s"]  # one "sample" a message here
         cpu_per_million = rate["stream_job_cpu_s_per_million_samples"]
-        features = messages_in(settings, topics.features)
+        features = feature_events_in(settings, topics.features)
         return {
             "workers": workers,
             "messages": messages,
             "messages_per_s": messages_per_s,
             "samples_per_s": messages_per_s * per_message,
             "feature_events": features,
+            "feature_messages": messages_in(settings, topics.features),
             "feature_events_per_s": messages_per_s * features / messages,
             "flushes_per_s": flushes_per_s,
             "cpu_s_per_message": None if cpu_per_million is None else cpu_per_million / 1e6,

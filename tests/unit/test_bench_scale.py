@@ -36,6 +36,7 @@ def test_the_engine_step_is_timed_per_target() -> None:
     assert result["per_target_us"] == pytest.approx(result["step_ms"] * 1000 / 50)
     assert result["step_from_events_ms"] > 0  # the same step from decoded events
     assert result["step_from_wire_ms"] > 0  # and from the features topic's bytes
+    assert result["step_from_columns_ms"] > 0  # as single events and as columns
 
 
 def test_the_generated_history_has_the_stated_rows_and_is_measured(tmp_path) -> None:
