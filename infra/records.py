@@ -31,11 +31,13 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """A model (an event, a signed policy) to publish on ``topic`` under ``key``."""
+    """A model (an event, a signed policy) to publish on ``topic`` under ``key``;
+    ``encoded``: its wire bytes, where the stage has them already."""
 
     topic: str
     key: bytes
     event: BaseModel
+    encoded: bytes | None = None
 
     def value(self) -> bytes:
-        return encode(self.event)
+        return self.encoded if self.encoded is not None else encode(self.event)

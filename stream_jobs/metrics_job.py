@@ -23,6 +23,7 @@ from dsec.schemas import (
     FeatureEvent,
     GpuProfileEvent,
     WorkerIdentity,
+    encode,
     now_ms,
 )
 from dsec.schemas.cards import CardReport
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# A message of feature columns stays well under the broker's default limit (1 MB).
+FEATURE_MESSAGE_MAX_BYTES = 512 * 1024
 
 
 @dataclass
@@ -262,17 +265,26 @@ class MetricsJob:
             partition = (partition_of(event.identity.worker_id.encode())
                          if partition_of is not None else 0)
             by_partition.setdefault(partition, []).append(event)
-        outputs = []
+        outputs: list[Output] = []
         step = self.feature_rows_per_message
         for group in by_partition.values():
             for start in range(0, len(group), step):
-                rows = group[start:start + step]
-                message_id = derived_event_id("feature-columns",
-                                              *(event.event_id for event in rows))
-                message = pack_feature_events(rows, message_id, self.clock_ms())
-                outputs.append(Output(self.topics.features,
-                                      rows[0].identity.worker_id.encode(), message))
+                self._pack(group[start:start + step], outputs)
         return outputs
+
+    def _pack(self, rows: list[FeatureEvent], outputs: list[Output]) -> None:
+        """``rows`` as one message, or as two halves where one would pass
+        ``FEATURE_MESSAGE_MAX_BYTES`` (long tags on many rows)."""
+        message_id = derived_event_id("feature-columns", *(event.event_id for event in rows))
+        message = pack_feature_events(rows, message_id, self.clock_ms())
+        value = encode(message)
+        if len(value) > FEATURE_MESSAGE_MAX_BYTES and len(rows) > 1:
+            half = len(rows) // 2
+            self._pack(rows[:half], outputs)
+            self._pack(rows[half:], outputs)
+            return
+        outputs.append(Output(self.topics.features, rows[0].identity.worker_id.encode(),
+                              message, value))
 
     def dead_letter_output(self, record: Record, reason: str) -> Output:
         return Output(self.topics.dead_letters, record.topic.encode(),

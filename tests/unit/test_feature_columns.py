@@ -29,7 +29,7 @@ from dsec.schemas.feature_columns import (
     pack_feature_events,
 )
 from dsec.schemas.topics import topic_names
-from dsec.stream_jobs.metrics_job import MetricsJob
+from dsec.stream_jobs.metrics_job import FEATURE_MESSAGE_MAX_BYTES, MetricsJob
 
 TOPICS = topic_names("t")
 
@@ -193,3 +193,15 @@ def test_the_metrics_job_sends_one_message_per_partition_each_row_where_its_work
     assert len(result.feature_columns) == sum(
         -(-sum(1 for e in seen if partition_of(e.identity.worker_id.encode()) == p) // 4)
         for p in by_partition)
+
+
+def test_a_message_that_would_pass_the_size_bound_is_split_in_order() -> None:
+    tags = {f"label_{n:02d}": "x" * 128 for n in range(30)}
+    events = [FeatureEvent(event_id=f"feature-{i:04d}", event_time_ms=1_000,
+                           identity=WorkerIdentity(job_id="j", worker_id="w", node_id="n"),
+                           features={"a": float(i)}, tags=tags)
+              for i in range(300)]  # about 1.2 MB as one message
+    outputs = MetricsJob(TOPICS, {}).feature_columns(events)
+    assert len(outputs) > 1
+    assert all(len(output.value()) <= FEATURE_MESSAGE_MAX_BYTES for output in outputs)
+    assert [e for output in outputs for e in feature_events(output.value())] == events
