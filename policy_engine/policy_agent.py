@@ -34,7 +34,7 @@ from dsec.schemas import (
     PoolSpec,
     Signer,
 )
-from dsec.schemas.feature_columns import decode_features
+from dsec.schemas.feature_columns import FeatureRows, decode_features
 from dsec.schemas.policies import policy_key
 from dsec.schemas.topics import TopicNames
 
@@ -85,6 +85,46 @@ class AgentOutput:
         return self.evaluated.pools
 
 
+class _Pending:
+    """A batch's feature events as they are decoded, given back as engine steps of at most
+    ``max_rows`` rows (a larger message of columns alone), in order: a backlog of large
+    messages is neither held whole nor evaluated in one step."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.parts: list[FeatureBatch] = []
+        self.rows = 0
+        self.single: list[FeatureEvent] = []
+
+    def add(self, decoded: FeatureEvent | FeatureRows) -> list[FeatureBatch]:
+        if isinstance(decoded, FeatureEvent):
+            self.single.append(decoded)
+            return self._step() if self.rows + len(self.single) >= self.max_rows else []
+        part = FeatureBatch.from_rows(decoded)
+        steps = self._step() if self.rows + len(self.single) + len(part) > self.max_rows else []
+        self._close_single()
+        self.parts.append(part)
+        self.rows += len(part)
+        return steps
+
+    def finish(self) -> list[FeatureBatch]:
+        return self._step()
+
+    def _close_single(self) -> None:
+        if self.single:
+            self.parts.append(FeatureBatch.from_events(self.single))
+            self.rows += len(self.single)
+            self.single = []
+
+    def _step(self) -> list[FeatureBatch]:
+        self._close_single()
+        if not self.parts:
+            return []
+        step = FeatureBatch.concat(self.parts)
+        self.parts, self.rows = [], 0
+        return [step]
+
+
 class PolicyAgent:
     def __init__(
         self,
@@ -97,11 +137,14 @@ class PolicyAgent:
         pools: PoolRegistry | None = None,
         pools_from_offset: int = 0,
         known: MutableMapping[str, KnownFeatures] | None = None,
+        max_rows_per_step: int = 20_000,
     ) -> None:
         """``registry`` holds the built-in pack and the policies topic read up to
         ``policies_from_offset``, ``pools`` the pools topic read up to ``pools_from_offset``;
         ``load_policy`` and ``load_pool`` take the topics on from there. ``known``: each
-        target's last known features (a dict when not given)."""
+        target's last known features (a dict when not given). ``max_rows_per_step``: a
+        batch of more feature events (a backlog of messages of columns) is evaluated in
+        steps of at most that many, whole messages each, in order."""
         self.topics = topics
         self.registry = registry
         self.pools = pools if pools is not None else PoolRegistry(registry.verifier)
@@ -109,15 +152,15 @@ class PolicyAgent:
         self.policies_from_offset = policies_from_offset
         self.pools_from_offset = pools_from_offset
         self.counters = EngineCounters()
+        self.max_rows_per_step = max_rows_per_step
 
     def process(self, records: Sequence[Record]) -> AgentOutput:
         """A batch of the features topic (single events and ``FeatureColumns`` messages);
         a record that is neither is dead-lettered with its reason, and the others'
         events are evaluated in order."""
         out = AgentOutput()
-        parts: list[FeatureBatch] = []
-        single: list[FeatureEvent] = []
         letters: list[Output] = []
+        pending = _Pending(self.max_rows_per_step)
         for record in records:
             try:
                 decoded = decode_features(record.value)
@@ -126,23 +169,13 @@ class PolicyAgent:
                 letters.append(Output(self.topics.dead_letters, record.topic.encode(),
                                       out.dead_letters[-1]))
                 continue
-            if isinstance(decoded, FeatureEvent):
-                single.append(decoded)
-                continue
-            if single:
-                parts.append(FeatureBatch.from_events(single))
-                single = []
-            parts.append(FeatureBatch.from_rows(decoded))
-        if single or not parts:
-            parts.append(FeatureBatch.from_events(single))
-        batch = FeatureBatch.concat(parts)
+            for step in pending.add(decoded):
+                self._evaluate(step, out)
+        for step in pending.finish():
+            self._evaluate(step, out)
         self.counters.dead_letters += len(out.dead_letters)
-        out.events_in = len(batch)
-        self.counters.features_in += len(batch)
+        self.counters.features_in += out.events_in
         self.counters.batches += 1
-        started_s = time.perf_counter()
-        out.evaluated = self.engine.evaluate_batch(batch)
-        out.evaluation_s = time.perf_counter() - started_s
         evaluated = out.evaluated
         out.messages = [
             *letters,
@@ -157,6 +190,14 @@ class PolicyAgent:
         self.counters.policies_published += len(evaluated.policies)
         self.counters.pools_published += len(evaluated.pools)
         return out
+
+    def _evaluate(self, step: FeatureBatch, out: AgentOutput) -> None:
+        started_s = time.perf_counter()
+        done = self.engine.evaluate_batch(step)
+        out.evaluation_s += time.perf_counter() - started_s
+        out.events_in += len(step)
+        for name in ("commands", "decisions", "policies", "pools"):
+            getattr(out.evaluated, name).extend(getattr(done, name))
 
     def load_policy(self, record: Record) -> Output | None:
         """A record of the policies topic: the audit record of what installing it decided,
