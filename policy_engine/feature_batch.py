@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dsec.schemas import FeatureEvent, WorkerIdentity
-from dsec.schemas.feature_columns import FeatureRows
+from dsec.schemas.feature_columns import FeatureRows, spread
 
 __all__ = ["FeatureBatch", "TargetSlots"]
 
@@ -48,14 +48,7 @@ class FeatureBatch:
     @classmethod
     def from_events(cls, events: Sequence[FeatureEvent]) -> FeatureBatch:
         rows = len(events)
-        columns: dict[str, list[float]] = {}
-        nan = float("nan")
-        for row, event in enumerate(events):
-            for name, value in event.features.items():
-                column = columns.get(name)
-                if column is None:
-                    column = columns[name] = [nan] * rows
-                column[row] = value
+        columns = spread([event.features for event in events], float("nan"))
         return cls(
             targets=[_target(e.identity) for e in events],
             event_times_ms=np.fromiter((e.event_time_ms for e in events), np.int64, rows),

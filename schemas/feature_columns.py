@@ -15,9 +15,9 @@ not one object per row): 10,000 rows in about 6 ms.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import numpy as np
 import pybase64
@@ -39,9 +39,10 @@ from dsec.schemas.metrics import PackedColumn
 
 __all__ = [
     "MAX_FEATURE_ROWS", "FeatureColumns", "FeatureRows", "decode_features", "feature_events",
-    "pack_feature_events",
+    "pack_feature_events", "spread",
 ]
 
+V = TypeVar("V")
 MAX_FEATURE_ROWS = 10_000
 MAX_FEATURE_VALUES = 1_000_000  # 8 MB of floats: past any broker's message size
 _Rows = Field(min_length=1, max_length=MAX_FEATURE_ROWS)
@@ -233,6 +234,20 @@ def feature_events(data: bytes | str | None) -> list[FeatureEvent]:
     return decoded.events() if isinstance(decoded, FeatureRows) else [decoded]
 
 
+def spread(per_row: Sequence[Mapping[str, V]], absent: V) -> dict[str, list[V]]:
+    """Rows of name -> value as a column per name (in order of first sight), ``absent``
+    where a row lacks the name."""
+    columns: dict[str, list[V]] = {}
+    rows = len(per_row)
+    for row, mapping in enumerate(per_row):
+        for name, value in mapping.items():
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = [absent] * rows
+            column[row] = value
+    return columns
+
+
 def pack_feature_events(events: Sequence[FeatureEvent], event_id: str,
                         event_time_ms: int) -> FeatureColumns:
     """Worker-scope events as one ``FeatureColumns`` message (not validated again: the
@@ -243,20 +258,8 @@ def pack_feature_events(events: Sequence[FeatureEvent], event_id: str,
                          f"(1 to {MAX_FEATURE_ROWS})")
     if any(event.scope != "worker" for event in events):
         raise ValueError("only worker-scope feature events travel as columns")
-    nan = float("nan")
-    values: dict[str, list[float]] = {}
-    tags: dict[str, list[str | None]] = {}
-    for row, event in enumerate(events):
-        for name, value in event.features.items():
-            column = values.get(name)
-            if column is None:
-                column = values[name] = [nan] * rows
-            column[row] = value
-        for name, text in event.tags.items():
-            column_tags = tags.get(name)
-            if column_tags is None:
-                column_tags = tags[name] = [None] * rows
-            column_tags[row] = text
+    values = spread([event.features for event in events], float("nan"))
+    tags = spread([event.tags for event in events], None)
     identities = [event.identity for event in events]
     pools = [identity.pool for identity in identities]
     labels = [identity.labels for identity in identities]
