@@ -98,14 +98,20 @@ class _Pending:
 
     def add(self, decoded: FeatureEvent | FeatureRows) -> list[FeatureBatch]:
         if isinstance(decoded, FeatureEvent):
+            steps = self._step() if self._held() >= self.max_rows else []
             self.single.append(decoded)
-            return self._step() if self.rows + len(self.single) >= self.max_rows else []
+            return steps
         part = FeatureBatch.from_rows(decoded)
-        steps = self._step() if self.rows + len(self.single) + len(part) > self.max_rows else []
+        steps = self._step() if self._held() + len(part) > self.max_rows else []
         self._close_single()
         self.parts.append(part)
         self.rows += len(part)
+        if self.rows >= self.max_rows:
+            steps += self._step()
         return steps
+
+    def _held(self) -> int:
+        return self.rows + len(self.single)
 
     def finish(self) -> list[FeatureBatch]:
         return self._step()

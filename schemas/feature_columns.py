@@ -105,7 +105,8 @@ class FeatureColumns(Event):
                      if self.feature_values is not None else np.empty(0))
             arrays = (_unpack(self.event_times_ms, "<i8", "event_times_ms"),
                       dict(zip(self.feature_names,
-                               block.reshape(len(self.feature_names), -1), strict=True)))
+                               block.reshape(len(self.feature_names), len(self.event_ids)),
+                               strict=True)))
         return arrays
 
     @model_validator(mode="after")
@@ -204,7 +205,7 @@ def _rows_of(model: FeatureColumns) -> FeatureRows:
         job_ids=list(model.job_ids), worker_ids=list(model.worker_ids),
         node_ids=list(model.node_ids),
         pools=list(model.pools) if model.pools is not None else None,
-        labels=[dict(labels) if labels else None for labels in model.labels]
+        labels=[dict(labels) if labels is not None else None for labels in model.labels]
         if model.labels is not None else None,
         gpu_uuids=list(model.gpu_uuids) if model.gpu_uuids is not None else None,
         windows=list(model.windows) if model.windows is not None else None,

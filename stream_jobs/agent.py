@@ -92,8 +92,10 @@ def register_metrics_job(
     @app.agent(source, name="metrics-job")
     async def metrics_job(stream: StreamT) -> None:
         await fetch_topic_metadata(app, table.changelog_topic.get_topic_name())
-        job.feature_partition = await topic_partitioner(app, topics.features)
         async for events in stream.take_events(batch_max_messages, within=batch_within_s):
+            # the features topic's partitions as the producer knows them now: a topic
+            # given more partitions moves each worker's messages, and the rows with them
+            job.feature_partition = await topic_partitioner(app, topics.features)
             await guard.run([record_of(event) for event in events], process)
 
     def partition_end(partition: int) -> int | None:

@@ -121,6 +121,8 @@ class PreparedBatch:
     claims: list[Claim] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     unpreparable: int = 0  # of the dead letters, messages the sink could not prepare
+    # (topic, partition, offset) of the messages dead-lettered for what the store refused
+    rejected: set[tuple[str, int, int]] = field(default_factory=set)
 
     def token(self, table: str) -> Any:
         return self.tokens.setdefault(table, hashlib.blake2b(digest_size=16))

@@ -79,7 +79,8 @@ class BatchPreparer:
             self._counters.undecodable += 1
             log.warning("sink: skipping %s@%d: %s", source.topic, source.offset, exc.reason)
             return
-        # A message's events go in together or not at all.
+        # A message's events are prepared together or not at all (the store may still
+        # refuse one of them: the writer then dead-letters the message once).
         claimed: list[tuple[str, str]] = []
         stored: list[StoredEvent] = []
         try:

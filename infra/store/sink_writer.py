@@ -149,6 +149,12 @@ class SinkWriter(BatchWriter[PreparedBatch]):
             self._inserter.split_insert(table, len(events), token, insert, reject)
 
     def _reject(self, batch: PreparedBatch, source: Source, reason: str) -> None:
+        """Dead-letters ``source`` once a batch, however many of its events (the rows of a
+        message of columns) the store refused."""
+        where = (source.topic, source.partition, source.offset)
+        if where in batch.rejected:
+            return
+        batch.rejected.add(where)
         self._counters.dead_lettered += 1
         batch.add_dead_letter(source, reason)
 

@@ -212,3 +212,26 @@ def test_a_message_that_would_pass_the_size_bound_is_split_in_order() -> None:
     assert len(outputs) > 1
     assert all(len(output.value()) <= FEATURE_MESSAGE_MAX_BYTES for output in outputs)
     assert [e for output in outputs for e in feature_events(output.value())] == events
+
+
+def test_empty_labels_come_back_empty_not_absent() -> None:
+    event = FeatureEvent(event_id="feature-0009", event_time_ms=1,
+                         identity=WorkerIdentity(job_id="j", worker_id="w", node_id="n",
+                                                 labels={}), features={"a": 1.0})
+    (back,) = feature_events(_wire([event]))
+    assert back == event and encode(back) == encode(event)
+
+
+def test_a_step_never_holds_more_rows_than_its_bound_but_for_one_larger_message() -> None:
+    from dsec.policy_engine.policy_agent import _Pending
+
+    events = _events()
+    rows = decode_features(_wire(events))  # 3 rows
+    pending = _Pending(max_rows=3)
+    assert [len(step) for step in pending.add(rows)] == [3]  # full: out at once
+    assert pending.add(events[0]) == []
+    assert [len(step) for step in pending.add(rows)] == [1, 3]
+    big = _Pending(max_rows=2)
+    assert [len(step) for step in big.add(events[0])] == []
+    assert [len(step) for step in big.add(rows)] == [1, 3]  # the larger message alone
+    assert [len(step) for step in big.add(events[1]) + big.finish()] == [1]

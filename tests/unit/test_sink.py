@@ -207,3 +207,17 @@ def test_columns_of_features_are_stored_a_row_per_event_each_once(client) -> Non
     assert _scalar(client, "SELECT count() FROM features") == sink.counters.rows_by_table[
         "features"]
     assert sink.counters.duplicates_skipped == 3
+
+
+def test_a_message_whose_rows_the_store_refuses_is_dead_lettered_once(client) -> None:
+    from dsec.infra.store.sink_batch import PreparedBatch, Source
+
+    sink = _sink(InMemoryLog(), client, ListDeadLetters())
+    batch = PreparedBatch()
+    source = Source(TOPICS.features, 0, 7, b"{}")
+    for reason in ("refused: row 1", "refused: row 2"):  # two rows of one message
+        sink.writer._reject(batch, source, reason)
+    sink.writer._reject(batch, Source(TOPICS.features, 0, 8, b"{}"), "refused: another")
+    assert [(d.offset, d.reason) for d in batch.dead_letters] == [
+        (7, "refused: row 1"), (8, "refused: another")]
+    assert sink.counters.dead_lettered == 2
