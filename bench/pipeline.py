@@ -32,16 +32,16 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     Producer,
     TopicPartition,
 )
@@ -49,6 +49,7 @@ from confluent_kafka import (
 from dsec.bench import PIPELINE_SAMPLES
 from dsec.bench.pipeline_limit import consume_batch, decoded_columns, limit_rate
 from dsec.bench.traces import bench_identities, training_batch
+from dsec.infra.consumer_loop_types import BatchWriter
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka
 from dsec.infra.topics import ensure_topics
@@ -56,6 +57,7 @@ from dsec.schemas import now_ms, topic_names
 from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.metrics import encode_packed
 from dsec.schemas.settings import DsecSettings
+from dsec.services.restored_loop import read_to_end
 from dsec.services.stack import sink_group, stream_group
 
 BENCH_SERVICES = frozenset({"stream-jobs", "sink"})  # the policy engine reads features only
@@ -277,35 +279,28 @@ def messages_in(settings: DsecSettings, topic: str) -> int:
         consumer.close()
 
 
+class _FeatureEventCount(BatchWriter[int]):
+    """Counts the feature events of the messages it is handed, whichever their form."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def prepare(self, messages: Sequence[Message]) -> int:
+        from dsec.schemas.feature_columns import feature_events
+
+        return sum(len(feature_events(message.value())) for message in messages)
+
+    def write(self, batch: int) -> None:
+        self.events += batch
+
+
 def feature_events_in(settings: DsecSettings, topic: str, timeout_s: float = 60.0) -> int:
     """How many feature events the features ``topic`` holds, whichever form each message
-    has (one event, or a ``FeatureColumns`` message of many): read from the beginning
-    to the high watermarks."""
-    from dsec.schemas.feature_columns import feature_events
-
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap,
-                         "group.id": "dsec-bench-count", "enable.auto.commit": False,
-                         **settings.kafka_security()})
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in metadata.partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        left = {p: end for p, end in ends.items() if end > 0}
-        events = 0
-        deadline_s = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline_s:
-            message = consumer.poll(1.0)
-            if message is None or message.error() is not None:
-                continue
-            events += len(feature_events(message.value()))
-            if message.offset() + 1 >= left.get(message.partition(), 0):
-                left.pop(message.partition(), None)
-        if left:
-            raise TimeoutError(f"{topic}: not read to its end within {timeout_s:.0f} s")
-        return events
-    finally:
-        consumer.close()
+    has (one event, or a ``FeatureColumns`` message of many), read to its ends."""
+    count = _FeatureEventCount()
+    read_to_end(settings, [topic], count, group_prefix="dsec-bench-count",
+                service="bench", what="the features topic", timeout_s=timeout_s)
+    return count.events
 
 
 def _ratio(rate: float, limit: float) -> float | None:

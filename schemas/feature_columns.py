@@ -94,20 +94,8 @@ class FeatureColumns(Event):
     tags: Annotated[dict[FeatureName, Annotated[list[TagValue | None], _Rows]],
                     Field(max_length=32)] = Field(default_factory=dict)
 
-    # the packed columns as arrays, once validated (none for a model built unvalidated)
+    # the rows' event times and each feature's values as arrays, once validated
     _arrays: tuple[np.ndarray, dict[str, np.ndarray]] | None = PrivateAttr(None)
-
-    def arrays(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The rows' event times and each feature's values, as arrays."""
-        arrays = self._arrays
-        if arrays is None:
-            block = (_unpack(self.feature_values, "<f8", "feature_values")
-                     if self.feature_values is not None else np.empty(0))
-            arrays = (_unpack(self.event_times_ms, "<i8", "event_times_ms"),
-                      dict(zip(self.feature_names,
-                               block.reshape(len(self.feature_names), len(self.event_ids)),
-                               strict=True)))
-        return arrays
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureColumns:
@@ -198,19 +186,14 @@ class FeatureRows:
 
 
 def _rows_of(model: FeatureColumns) -> FeatureRows:
-    times, columns = model.arrays()
+    """The rows of a validated model (its lists as pydantic made them: not copied)."""
+    assert model._arrays is not None  # set by the validator
+    times, columns = model._arrays
     return FeatureRows(
-        event_ids=list(model.event_ids),
-        event_times_ms=times,
-        job_ids=list(model.job_ids), worker_ids=list(model.worker_ids),
-        node_ids=list(model.node_ids),
-        pools=list(model.pools) if model.pools is not None else None,
-        labels=[dict(labels) if labels is not None else None for labels in model.labels]
-        if model.labels is not None else None,
-        gpu_uuids=list(model.gpu_uuids) if model.gpu_uuids is not None else None,
-        windows=list(model.windows) if model.windows is not None else None,
-        features=columns,
-        tags={name: list(column) for name, column in model.tags.items()},
+        event_ids=model.event_ids, event_times_ms=times, job_ids=model.job_ids,
+        worker_ids=model.worker_ids, node_ids=model.node_ids, pools=model.pools,
+        labels=model.labels, gpu_uuids=model.gpu_uuids, windows=model.windows,
+        features=columns, tags=model.tags,
     )
 
 
