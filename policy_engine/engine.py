@@ -33,6 +33,7 @@ from dsec.policy_engine.feature_memory import (
     FeatureMemory,
     FeatureView,
     KnownFeatures,
+    occurrences,
     repeated_rows,
 )
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
@@ -113,18 +114,30 @@ class Engine:
         out = EngineOutput()
         if not len(batch):
             return out
+        slots = self._slots.slots(batch.targets)
+        repeated = repeated_rows(slots)
+        if not repeated.any():
+            self._evaluate_rows(batch, slots, out)
+            return out
+        # A target met more than once (a backlog, a burst): each target's first row in a
+        # first pass, its second in a second, and so on. No pass meets a target twice, so
+        # each runs column-wise, and a target's later rows see the state its earlier ones
+        # leave.
+        for rows in occurrences(slots, repeated):
+            self._evaluate_rows(batch.take(rows), slots[rows], out)
+        return out
+
+    def _evaluate_rows(self, batch: FeatureBatch, slots: np.ndarray,
+                       out: EngineOutput) -> None:
+        """A batch that meets each target once (``slots``: its targets' slots)."""
         units = self._units(batch.pools, out)
         names = frozenset().union(*(u.policy.feature_names for u in units))
-        slots = self._slots.slots(batch.targets)
-        # A target's later rows see the state its earlier rows leave, so every row of a
-        # target met more than once in the batch goes through the state machine.
-        repeated = repeated_rows(slots)
-        view = self.memory.view(batch, names, slots, repeated)
+        view = self.memory.view(batch, names, slots, np.zeros(len(batch), dtype=bool))
         self._budget.forget_idle(int(batch.event_times_ms.max()))
         for unit in units:
             policy = unit.policy
             try:
-                self._evaluate_policy(unit, batch, slots, repeated, view, out)
+                self._evaluate_policy(unit, batch, slots, view, out)
             except Exception as exc:  # one broken policy must not stop the others
                 log.exception("policy %s v%s failed", policy.spec.name, policy.spec.version)
                 self._report(policy.spec, f"{type(exc).__name__}: {exc}", out)
@@ -134,7 +147,6 @@ class Engine:
             if errors:
                 self._report(policy.spec, errors[0], out)
         self._resume_orphaned_claims(batch, slots, out)
-        return out
 
     def _units(self, pools: list[str | None], out: EngineOutput) -> list[_Unit]:
         """What runs over which rows: per policy and per pool of the batch (``pools``, each
@@ -182,16 +194,14 @@ class Engine:
         ))
 
     def _evaluate_policy(
-        self, unit: _Unit, batch: FeatureBatch, slots: np.ndarray, repeated: np.ndarray,
-        view: FeatureView, out: EngineOutput,
+        self, unit: _Unit, batch: FeatureBatch, slots: np.ndarray, view: FeatureView,
+        out: EngineOutput,
     ) -> None:
-        """``repeated``: rows whose target has other rows in the batch."""
         policy, spec = unit.policy, unit.spec
         rows = np.arange(len(batch)) if unit.rows is None else unit.rows
         if unit.rows is not None:
             view = view.subset(unit.rows)
             slots = slots[unit.rows]
-            repeated = repeated[unit.rows]
         count = rows.size
         # A feature event carries the features its input batch updated; the others keep
         # the target's last known values. An event that carries none of this policy's
@@ -208,7 +218,7 @@ class Engine:
             informed &= batch.worker_scope[rows]
         board = self._board.columns(unit.prefix)
         board.load(slots)
-        candidates = informed & (enter | board.present[slots] | repeated)
+        candidates = informed & (enter | board.present[slots])
         if not candidates.any():
             return
         exit_ = policy.exit.holds(scoped, count) if policy.exit is not None else ~enter
@@ -220,7 +230,6 @@ class Engine:
         quiet = settled(timing, board.gather(slots[picked]), enter[picked],
                         (enter & first_climb)[picked], exit_[picked],
                         view.event_times_ms[picked], len(climb))
-        quiet &= ~repeated[picked]
         selector = spec.selector
         top = len(policy.stage_conditions)
         everyone = selector == type(selector)()

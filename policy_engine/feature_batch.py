@@ -45,6 +45,19 @@ class FeatureBatch:
     def event(self, row: int) -> FeatureEvent:
         return self.make_event(row)
 
+    def take(self, rows: np.ndarray) -> FeatureBatch:
+        """Those rows, in the order given, as a batch of their own."""
+        picked = rows.tolist()
+        make_event = self.make_event
+        return FeatureBatch(
+            targets=[self.targets[row] for row in picked],
+            event_times_ms=self.event_times_ms[rows],
+            features={name: column[rows] for name, column in self.features.items()},
+            pools=[self.pools[row] for row in picked],
+            worker_scope=self.worker_scope[rows],
+            make_event=lambda row: make_event(picked[row]),
+        )
+
     @classmethod
     def from_events(cls, events: Sequence[FeatureEvent]) -> FeatureBatch:
         rows = len(events)

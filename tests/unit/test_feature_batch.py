@@ -70,6 +70,34 @@ def test_packed_columns_and_decoded_events_command_alike() -> None:
     assert commands["events"] == commands["columns"]
 
 
+def _step_events(second: int) -> list[FeatureEvent]:
+    return [FeatureEvent(identity=_identity(i), event_time_ms=1_000_000 + second * 1000,
+                         features=_features(i, second)) for i in range(WORKERS)]
+
+
+def test_a_backlog_in_one_batch_decides_as_its_steps_one_by_one() -> None:
+    """A batch meeting each target many times (a backlog caught up on) is evaluated in
+    passes that meet each target once: it commands and audits as the steps did, one batch
+    each, with each target's later rows seeing the state its earlier rows left."""
+    stepped, backlog = _engine(), _engine()
+    seconds = range(0, 300, 5)
+    by_step = [stepped.evaluate(_step_events(second)) for second in seconds]
+    # 12 steps a batch, every worker in each; the last batch keeps a target's rows apart
+    batches = [[event for second in seconds[start:start + 12] for event in _step_events(second)]
+               for start in range(0, len(seconds), 12)]
+    at_once = [backlog.evaluate(events) for events in batches]
+
+    def key(out) -> tuple[list[str], list[tuple[str, str, int, str]]]:
+        return (sorted(c.actuation_id for o in out for c in o.commands),
+                sorted((d.policy_name, d.identity.worker_id if d.identity else "",
+                        d.event_time_ms, d.decision.value) for o in out for d in o.decisions))
+
+    commands, decisions = key(by_step)
+    assert len(commands) > WORKERS  # snapshots, breaker trips and undos
+    assert key(at_once) == (commands, decisions)
+    assert backlog.states == stepped.states
+
+
 def test_target_slots_are_stable_and_never_reused() -> None:
     slots = TargetSlots()
     assert slots.slots(["a", "b", "a"]).tolist() == [0, 1, 0]
