@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import TypeVar
 
 from dsec.infra.records import Output, Record
@@ -83,13 +84,15 @@ class BatchGuard:
             return None
 
     async def deliver(self, outputs: Sequence[Output], in_order: bool = False) -> None:
-        """Every output delivered; ``in_order``: each after the one before it."""
+        """Every output delivered. ``in_order``: each run of outputs to one topic only once
+        the runs before it are delivered (the outputs of a run are sent together, and the
+        producer keeps their order within a partition); else all sent together."""
+        runs = ([list(run) for _, run in groupby(outputs, key=lambda output: output.topic)]
+                if in_order else [list(outputs)])
+
         async def send_all() -> None:
-            if in_order:
-                for output in outputs:
-                    await delivered([await self.send(output)])
-            else:
-                await delivered([await self.send(output) for output in outputs])
+            for run in runs:
+                await delivered([await self.send(output) for output in run])
 
         failure = await self._until_delivered(send_all, len(outputs))
         if failure is not None:

@@ -1,8 +1,9 @@
 """The policy engine as Faust agents: batches of the features topic through
-``PolicyAgent``, each output sent and delivered in turn (a failed delivery tried again
-until it is through; a batch the engine fails on dead-lettered: ``dsec.infra.batch_guard``);
-policies and pools in from their compacted topics, hot-reloaded. The agent's state mappings
-are Faust tables."""
+``PolicyAgent``, its outputs delivered a topic at a time in the order the agent gives
+them, so that a command is delivered before the audit record naming it (a failed delivery
+tried again until it is through; a batch the engine fails on dead-lettered:
+``dsec.infra.batch_guard``); policies and pools in from their compacted topics,
+hot-reloaded. The agent's state mappings are Faust tables."""
 
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def register_policy_engine(
         async for batch in stream.take_events(options.batch_max_events,
                                               within=options.batch_within_s):
             records = [record_of(event) for event in batch]
-            # processed once (the state machine moves on), then delivered, in order, until
-            # every message is through
+            # processed once (the state machine moves on), then delivered until every
+            # message is through: the commands before the audit records that name them
             out = await guard.processed(records, agent.process)
             if out is not None:
                 await guard.deliver(out.messages, in_order=True)

@@ -112,9 +112,14 @@ def test_processed_runs_once_and_dead_letters_a_failure() -> None:
     assert "KeyError: 'pool'" in broker.delivered[0].event.reason
 
 
-def test_in_order_delivery_sends_each_after_the_one_before() -> None:
+def test_in_order_delivery_sends_a_topic_only_once_the_one_before_is_delivered() -> None:
     broker, waits = Broker(lose=1), []
-    outputs = [_output(n) for n in range(3)]
+    audits = [Output("p.policy-decisions.v1", b"w", _output(n).event) for n in (3, 4)]
+    outputs = [_output(n) for n in range(3)] + audits
     asyncio.run(_guard(broker, waits).deliver(outputs, in_order=True))
-    # the first was lost: all three again, in order
-    assert [o.event.event_time_ms for o in broker.delivered] == [0, 1, 2]
+    # the first command was lost: its run went out together, but the audit records only
+    # after every command of the run was delivered, when all were sent again in order
+    assert [(o.topic[2:10], o.event.event_time_ms) for o in broker.delivered] == [
+        ("features", 1), ("features", 2), ("features", 0), ("features", 1), ("features", 2),
+        ("policy-d", 3), ("policy-d", 4)]
+    assert len(waits) == 1
