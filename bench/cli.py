@@ -50,6 +50,21 @@ def pipeline(
     _print(run_pipeline_bench(options, bootstrap), as_json, "dsec bench pipeline")
 
 
+@bench_app.command("backlog")
+def backlog(
+    messages: Annotated[int, typer.Option(min=1)] = 1500,
+    rows: Annotated[int, typer.Option(min=1, max=10_000)] = 1000,
+    workers: Annotated[int, typer.Option(min=1)] = 10_000,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The policy engine catching up on a backlog of feature columns, against the fleet's rate."""
+    from dsec.bench.backlog import BacklogOptions, run_backlog_bench
+
+    options = BacklogOptions(messages=messages, rows=rows, workers=workers)
+    _print(run_backlog_bench(options, bootstrap), as_json, "dsec bench backlog")
+
+
 @bench_app.command("store-layout")
 def store_layout(
     messages: Annotated[int, typer.Option(min=2)] = 400,

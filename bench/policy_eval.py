@@ -47,8 +47,9 @@ HEALTHY = {
 # topic's message values, decoded inside the step as the policy engine's agent does:
 # one event a message (``wire``), or ``FeatureColumns`` messages of ``COLUMN_ROWS`` rows
 # (``columns``), as the metrics job sends a batch of probe messages.
-StepSource = Literal["packed", "events", "wire", "columns"]
+StepSource = Literal["packed", "events", "wire", "columns", "backlog"]
 COLUMN_ROWS = 500
+BACKLOG_ROUNDS = 10
 
 
 def engine_step_ms(targets: int, tripping: float = 0.01, source: StepSource = "packed") -> float:
@@ -70,7 +71,8 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
     objects, taken to columns inside the step; ``wire``, as single encoded events on the
     features topic, each decoded and validated inside the step; ``columns``, as the
     ``FeatureColumns`` messages the metrics job sends, each decoded and validated inside
-    the step."""
+    the step; ``backlog``, as packed columns where each target has ``BACKLOG_ROUNDS``
+    events, 0.5 s apart (an engine catching up)."""
     import numpy as np
 
     from dsec.policy_engine.builtin import load_builtin_policies
@@ -96,6 +98,12 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
         if source == "packed":
             return FeatureBatch.packed(job_ids, worker_ids, node_ids,
                                        np.full(targets, time_ms, dtype=np.int64), columns)
+        if source == "backlog":
+            return FeatureBatch.concat([
+                FeatureBatch.packed(job_ids, worker_ids, node_ids,
+                                    np.full(targets, time_ms - 500 * (BACKLOG_ROUNDS - 1 - k),
+                                            dtype=np.int64), columns)
+                for k in range(BACKLOG_ROUNDS)])
         events = [
             FeatureEvent(
                 identity=WorkerIdentity(job_id="bench", worker_id=f"w{i}", node_id=f"n{i // 8}"),
@@ -185,11 +193,15 @@ def run(targets: int, repeats: int, celpy_sample: int) -> dict:
         "engine_step_from_events_ms": round(engine_step_ms(targets, source="events"), 1),
         "engine_step_from_wire_ms": round(engine_step_ms(targets, source="wire"), 1),
         "engine_step_from_columns_ms": round(engine_step_ms(targets, source="columns"), 1),
+        "engine_backlog_step_ms": round(backlog_ms := engine_step_ms(targets, source="backlog"),
+                                        1),
+        "engine_backlog_step_per_round_ms": round(backlog_ms / BACKLOG_ROUNDS, 1),
         "engine_step_note": "whole engine step, median of 6 steady-state steps, 1% of "
                             "targets tripping: from a packed batch, from decoded "
                             "feature events, from their encoded bytes one event a "
                             f"message, and from FeatureColumns messages of {COLUMN_ROWS} "
-                            "rows as the metrics job sends them",
+                            "rows as the metrics job sends them; a backlog step holds "
+                            f"{BACKLOG_ROUNDS} events per target, 0.5 s apart",
     }
 
 
