@@ -21,7 +21,7 @@ from typing import Annotated, Literal, TypeVar
 
 import numpy as np
 import pybase64
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from dsec.schemas.base import (
     EPOCH_MS_MAX,
@@ -77,6 +77,10 @@ class PackedValues(Model):
 class FeatureColumns(Event):
     """Worker feature events as columns. ``event_id`` and ``event_time_ms`` are the
     message's own; each row has its event's in ``event_ids`` and ``event_times_ms``."""
+
+    # Its rows' values are mostly unique (event ids): caching their strings costs and saves
+    # nothing; the names (keys) repeat in every message.
+    model_config = ConfigDict(cache_strings="keys")
 
     form: Literal["columns"]
     event_ids: Annotated[list[EventId], _Rows]
