@@ -104,6 +104,10 @@ class DsecSettings(BaseSettings):
     alert_webhook_urls: list[str] = Field(default_factory=list)
     alert_webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
     alert_webhook_attempts: int = Field(default=3, ge=1, le=20)
+    # Net allocations of container objects between two of Python's youngest-generation
+    # collections in a service process (CPython's default: 700, which costs the stream
+    # jobs about a fifth of their CPU; docs/operations.md). 0 keeps the interpreter's.
+    gc_young_objects: int = Field(default=50_000, ge=0, le=10_000_000)
     # How often each service process publishes its own CPU time and memory (0: never).
     usage_report_interval_s: float = Field(default=30.0, ge=0, le=3600)
     # `dsec report cost`: prices per GPU-hour, per CPU core-hour and per GiB-hour of memory

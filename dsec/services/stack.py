@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsec.infra.collector import tune_collector
 from dsec.infra.faust_app import QuietWorker, make_faust_app, watch_faust_app
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
 from dsec.infra.kafka_local import LocalKafka, die_with_parent
@@ -225,10 +226,12 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             personalities = PersonalityService(settings, metrics)
             personalities.start()
         if not faust_services:
+            _tune_collector(settings)
             set_up.set()
             _wait_for_signal()
             return
         app = _faust_app(settings, options, topics, metrics)
+        _tune_collector(settings)
         set_up.set()
         worker = QuietWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
         with contextlib.suppress(SystemExit):
@@ -253,6 +256,12 @@ def run_stack(settings: DsecSettings, options: StackOptions) -> None:
             kafka.stop()
         if metrics_server is not None:
             metrics_server.stop()
+
+
+def _tune_collector(settings: DsecSettings) -> None:
+    """The collector as a service wants it, once what the process loads at start is in."""
+    if settings.gc_young_objects:
+        tune_collector(settings.gc_young_objects)
 
 
 def _start_embedded_sink(settings: DsecSettings, topics: TopicNames,
