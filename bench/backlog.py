@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from dsec.schemas import FeatureEvent, WorkerIdentity, encode, topic_names
 from dsec.schemas.feature_columns import FeatureColumns, pack_feature_events
 from dsec.schemas.metrics import PackedColumn
 from dsec.schemas.settings import DsecSettings
-from dsec.services.stack import stream_group
+from dsec.services.stack import stop_process, stream_group
 
 __all__ = ["BacklogOptions", "run_backlog_bench"]
 
@@ -159,11 +158,7 @@ def _catch_up(settings: DsecSettings, options: BacklogOptions, data_dir: Path) -
         }
     finally:
         probe.close()
-        engine.send_signal(signal.SIGINT)
-        try:
-            engine.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            engine.kill()
+        stop_process(engine, timeout_s=60)
 
 
 def run_backlog_bench(options: BacklogOptions, bootstrap: str | None = None) -> dict:
