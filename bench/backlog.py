@@ -18,10 +18,8 @@ at its first commit and its peak (the kernel's high-water mark, ``VmHWM``).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,11 +29,11 @@ import numpy as np
 import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from dsec.bench.bench_topics import bench_topics
 from dsec.bench.pipeline import _group_progress
 from dsec.bench.policy_eval import HEALTHY
 from dsec.infra.kafka_clients import producer_config
-from dsec.infra.kafka_local import LocalKafka, die_with_parent
-from dsec.infra.topics import ensure_topics
+from dsec.infra.kafka_local import die_with_parent
 from dsec.schemas import FeatureEvent, WorkerIdentity, encode, topic_names
 from dsec.schemas.feature_columns import FeatureColumns, pack_feature_events
 from dsec.schemas.metrics import PackedColumn
@@ -162,14 +160,7 @@ def _catch_up(settings: DsecSettings, options: BacklogOptions, data_dir: Path) -
 
 
 def run_backlog_bench(options: BacklogOptions, bootstrap: str | None = None) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="dsec-bench-backlog-"))
-    kafka = None if bootstrap else LocalKafka(data_dir=work / "kafka")
-    try:
-        if kafka is not None:
-            bootstrap = kafka.start()
-        settings = DsecSettings(bootstrap=bootstrap, data_dir=work / "data",
-                                topic_prefix=f"backlog{uuid.uuid4().hex[:8]}")
-        ensure_topics(settings, partitions=options.partitions)
+    with bench_topics("backlog", "backlog", options.partitions, bootstrap) as (work, settings):
         message_bytes = _fill(settings, options) / options.messages
         return {
             **_catch_up(settings, options, work / "engine"),
@@ -181,7 +172,3 @@ def run_backlog_bench(options: BacklogOptions, bootstrap: str | None = None) -> 
             "workers": options.workers,
             "partitions": options.partitions,
         }
-    finally:
-        if kafka is not None:
-            kafka.stop()
-        shutil.rmtree(work, ignore_errors=True)

@@ -25,11 +25,9 @@ the stream job's over the bare and the validating consumer's (``stream_job_cpu_v
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -47,12 +45,11 @@ from confluent_kafka import (
 )
 
 from dsec.bench import PIPELINE_SAMPLES
+from dsec.bench.bench_topics import bench_topics
 from dsec.bench.pipeline_limit import consume_batch, decoded_columns, limit_rate
 from dsec.bench.traces import bench_identities, training_batch
 from dsec.infra.consumer_loop_types import BatchWriter
 from dsec.infra.kafka_clients import BULK_FETCH, consumer_config, producer_config
-from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.topics import ensure_topics
 from dsec.schemas import now_ms, topic_names
 from dsec.schemas.fast_decode import decode_metric_batch
 from dsec.schemas.metrics import encode_packed
@@ -310,15 +307,7 @@ def _ratio(rate: float, limit: float) -> float | None:
 
 
 def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = None) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="dsec-bench-pipeline-"))
-    kafka = None if bootstrap else LocalKafka(data_dir=work / "kafka")
-    try:
-        if kafka is not None:
-            bootstrap = kafka.start()
-        settings = DsecSettings(bootstrap=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
-                                data_dir=work / "data")
-        settings.data_dir.mkdir(parents=True)
-        ensure_topics(settings, partitions=options.partitions)
+    with bench_topics("pipeline", "bench", options.partitions, bootstrap) as (work, settings):
         topic = topic_names(settings.topic_prefix).metrics
         messages = _fill(settings, topic, options)
         raw_samples_per_s, raw_messages_per_s, raw_cpu = _raw_rate(settings, topic, messages)
@@ -366,7 +355,3 @@ def run_pipeline_bench(options: PipelineBenchOptions, bootstrap: str | None = No
             "partitions": options.partitions,
             "cpu_count": os.cpu_count(),
         }
-    finally:
-        if kafka is not None:
-            kafka.stop()
-        shutil.rmtree(work, ignore_errors=True)

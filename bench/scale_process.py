@@ -11,14 +11,11 @@ commit, as ``dsec bench pipeline`` times it.
 from __future__ import annotations
 
 import itertools
-import shutil
-import tempfile
-import uuid
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
+from dsec.bench.bench_topics import bench_topics
 from dsec.bench.pipeline import (
     PipelineBenchOptions,
     feature_events_in,
@@ -27,8 +24,6 @@ from dsec.bench.pipeline import (
 )
 from dsec.bench.scale_fleet import ProbeRates, worker_second
 from dsec.infra.kafka_clients import producer_config
-from dsec.infra.kafka_local import LocalKafka
-from dsec.infra.topics import ensure_topics
 from dsec.schemas import MetricBatch, MetricColumns, encode, now_ms, topic_names
 from dsec.schemas.settings import DsecSettings
 
@@ -83,16 +78,7 @@ def measure_stream_process(workers: int, seconds: int, flushes_per_s: int = 1,
     100,000 workers. ``bootstrap``: a broker to use, on topics of their
     own; by default one started here."""
     rates = ProbeRates()
-    work = Path(tempfile.mkdtemp(prefix="dsec-bench-scale-process-"))
-    kafka = None if bootstrap else LocalKafka(data_dir=work / "kafka")
-    try:
-        if kafka is not None:
-            bootstrap = kafka.start()
-        settings = DsecSettings(bootstrap=bootstrap,
-                                topic_prefix=f"scale{uuid.uuid4().hex[:8]}",
-                                data_dir=work / "data")
-        settings.data_dir.mkdir(parents=True)
-        ensure_topics(settings, partitions=PARTITIONS)
+    with bench_topics("scale-process", "scale", PARTITIONS, bootstrap) as (_, settings):
         topics = topic_names(settings.topic_prefix)
         messages = _fill(settings, topics.metrics, workers, seconds, rates, flushes_per_s)
         per_message = rates.samples_per_s() * workers * seconds / messages
@@ -117,7 +103,3 @@ def measure_stream_process(workers: int, seconds: int, flushes_per_s: int = 1,
             else cpu_per_million / 1e6 * messages / (workers * seconds) * 100_000,
             "dead_letters": messages_in(settings, topics.dead_letters),
         }
-    finally:
-        if kafka is not None:
-            kafka.stop()
-        shutil.rmtree(work, ignore_errors=True)

@@ -132,7 +132,8 @@ class Engine:
         """A batch that meets each target once (``slots``: its targets' slots)."""
         units = self._units(batch.pools, out)
         names = frozenset().union(*(u.policy.feature_names for u in units))
-        view = self.memory.view(batch, names, slots, np.zeros(len(batch), dtype=bool))
+        view = self.memory.view(batch, names, slots,
+                                repeated=np.zeros(len(batch), dtype=bool))  # none, by contract
         self._budget.forget_idle(int(batch.event_times_ms.max()))
         for unit in units:
             policy = unit.policy
