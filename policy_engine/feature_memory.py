@@ -166,6 +166,9 @@ class FeatureMemory:
         self._times: dict[str, np.ndarray] = {}
         self._rows = 0
         self._loaded = np.zeros(0, dtype=bool)
+        # Per slot: how many names it knows, and the newest time among them.
+        self._count = np.zeros(0, dtype=np.int64)
+        self._latest_ms = np.zeros(0, dtype=np.int64)
         self._persisted_ms = np.zeros(0, dtype=np.int64)
         self._persisted_count = np.zeros(0, dtype=np.int64)
         self._swept_ms: int | None = None
@@ -184,15 +187,17 @@ class FeatureMemory:
                 return np.concatenate([column, np.full(extra, fill, dtype=column.dtype)])
 
             self._values = {n: grown(c, np.nan) for n, c in self._values.items()}
-            self._times = {n: grown(c, 0) for n, c in self._times.items()}
+            self._times = {n: grown(c, _NEVER) for n, c in self._times.items()}
             self._loaded = grown(self._loaded, False)
+            self._count = grown(self._count, 0)
+            self._latest_ms = grown(self._latest_ms, _NEVER)
             self._persisted_ms = grown(self._persisted_ms, _NEVER)
             self._persisted_count = grown(self._persisted_count, 0)
             self._rows = size
         for name in names:
             if name not in self._values:
                 self._values[name] = np.full(self._rows, np.nan)
-                self._times[name] = np.zeros(self._rows, dtype=np.int64)
+                self._times[name] = np.full(self._rows, _NEVER, dtype=np.int64)
 
     def _load(self, slots: np.ndarray) -> None:
         """Targets not read yet: their features from the mapping."""
@@ -203,7 +208,7 @@ class FeatureMemory:
             before = self.known.get(self.slots.targets[slot])
             for name, column in self._values.items():
                 column[slot] = np.nan
-                self._times[name][slot] = 0
+                self._times[name][slot] = _NEVER
             count = 0
             if before is not None:
                 self._grow(0, before.names)
@@ -213,9 +218,9 @@ class FeatureMemory:
                     self._times[name][slot] = time_ms
                 count = len(before.names)
             self._loaded[slot] = True
-            self._persisted_ms[slot] = _NEVER if before is None else max(
+            self._persisted_ms[slot] = self._latest_ms[slot] = _NEVER if before is None else max(
                 _plain(before.time_list_ms), default=_NEVER)
-            self._persisted_count[slot] = count
+            self._persisted_count[slot] = self._count[slot] = count
 
     def view(self, batch: FeatureBatch, names: Collection[str],
              slots: np.ndarray | None = None,
@@ -240,14 +245,30 @@ class FeatureMemory:
             whole = group.size == rows
             at = slots if whole else slots[group]
             group_ms = when if whole else when[group]
+            count = self._count[at]
+            updated = np.zeros(at.size, dtype=bool)
             for name, column in batch.features.items():
                 held_values, held_times = self._values[name], self._times[name]
+                before_ms = held_times[at]
                 # An event older than the value held (out of order) does not replace it.
                 take = carried[name] if whole else carried[name][group]
-                take = take & (held_times[at] <= group_ms)
-                held_values[at[take]] = (column if whole else column[group])[take]
-                held_times[at[take]] = group_ms[take]
+                take = take & (before_ms <= group_ms)
+                count += take & (before_ms == _NEVER)  # a name the target did not know
+                updated |= take
+                if take.all():
+                    held_values[at] = column if whole else column[group]
+                    held_times[at] = group_ms
+                    if whole and name in values:  # each row's view: its own event's
+                        values[name], times_ms[name] = column, when
+                else:
+                    held_values[at[take]] = (column if whole else column[group])[take]
+                    held_times[at[take]] = group_ms[take]
+            self._count[at] = count
+            self._latest_ms[at] = np.maximum(self._latest_ms[at],
+                                             np.where(updated, group_ms, _NEVER))
             for name in ordered:
+                if whole and values[name] is batch.features.get(name):
+                    continue
                 values[name][group] = self._values[name][at]
                 times_ms[name][group] = self._times[name][at]
         fresh = {name: carried[name] if name in carried else np.zeros(rows, dtype=bool)
@@ -261,14 +282,8 @@ class FeatureMemory:
         if self._swept_ms is None or newest_ms - self._swept_ms >= SWEEP_EVERY_MS:
             self._swept_ms = newest_ms
             self._forget_stale(np.flatnonzero(self._loaded))
-        known = {name: column[touched] == column[touched]
-                 for name, column in self._values.items()}
-        count = np.zeros(touched.size, dtype=np.int64)
-        latest_ms = np.full(touched.size, _NEVER, dtype=np.int64)
-        for name, is_known in known.items():
-            count += is_known
-            np.maximum(latest_ms, np.where(is_known, self._times[name][touched], _NEVER),
-                       out=latest_ms)
+        count = self._count[touched]
+        latest_ms = self._latest_ms[touched]
         # Each slot's interval is shortened by up to half, by its number, so that targets
         # first seen together are not all written in the same batch ever after.
         interval_ms = self.persist_every_ms - (touched % 16) * (self.persist_every_ms // 32)
@@ -280,11 +295,12 @@ class FeatureMemory:
         indices = np.flatnonzero(due)
         slots = touched[indices]
         targets = self.slots.targets
-        names = [name for name, is_known in known.items() if is_known[indices].any()]
+        known = {name: column[slots] == column[slots] for name, column in self._values.items()}
+        names = [name for name, is_known in known.items() if is_known.any()]
         if not names:
             for slot in slots.tolist():
                 self.known[targets[slot]] = KnownFeatures()
-        elif (pattern := np.column_stack([known[name][indices] for name in names])).all():
+        elif (pattern := np.column_stack([known[name] for name in names])).all():
             # The usual case: every due target knows the same names.
             # Each record holds its rows of two matrices: no number is made a Python object.
             shared = tuple(names)
@@ -304,14 +320,13 @@ class FeatureMemory:
         self._persisted_count[slots] = count[indices]
 
     def _forget_stale(self, touched: np.ndarray) -> None:
-        latest_ms = np.full(touched.size, _NEVER, dtype=np.int64)
-        for name, column in self._values.items():
-            is_known = column[touched] == column[touched]
-            np.maximum(latest_ms, np.where(is_known, self._times[name][touched], _NEVER),
-                       out=latest_ms)
+        latest_ms = self._latest_ms[touched]
+        count = self._count[touched]
         for name, column in self._values.items():
             times = self._times[name]
-            stale = touched[(column[touched] == column[touched])
-                            & (times[touched] < latest_ms - FORGET_AFTER_MS)]
-            column[stale] = np.nan
-            times[stale] = 0
+            held_ms = times[touched]
+            stale = (held_ms != _NEVER) & (held_ms < latest_ms - FORGET_AFTER_MS)
+            count -= stale
+            column[touched[stale]] = np.nan
+            times[touched[stale]] = _NEVER
+        self._count[touched] = count

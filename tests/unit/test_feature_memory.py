@@ -122,3 +122,37 @@ def test_a_restarted_engine_keeps_what_it_knew() -> None:
     assert not first.output.commands
     second = replay([policy], [_event(1, grad_sync_latency_p95_ms=150.0)], known=memory)
     assert len(second.output.commands) == 1
+
+
+def _memory_view(memory: FeatureMemory, t_s: float, **features: float) -> dict[str, float]:
+    view = memory.view(FeatureBatch.from_events([_event(t_s, **features)]), {"a", "b"})
+    return {name: float(column[0]) for name, column in view.values.items()}
+
+
+def test_a_target_is_written_at_first_sight_on_a_new_name_and_then_once_an_interval() -> None:
+    memory = FeatureMemory({}, persist_every_ms=30_000)
+    target = "job|w1"
+    _memory_view(memory, 0, a=1.0)
+    assert memory.known[target].values == {"a": 1.0}
+    _memory_view(memory, 1, a=2.0)  # nothing new, and not yet due
+    assert memory.known[target].values == {"a": 1.0}
+    _memory_view(memory, 2, b=3.0)  # a name it did not know
+    assert memory.known[target].values == {"a": 2.0, "b": 3.0}
+    _memory_view(memory, 20, a=4.0)
+    assert memory.known[target].values == {"a": 2.0, "b": 3.0}
+    _memory_view(memory, 33, a=5.0)  # 31 s after the last write
+    assert memory.known[target].values == {"a": 5.0, "b": 3.0}
+    assert memory.known[target].times_ms == {"a": START_MS + 33_000, "b": START_MS + 2_000}
+
+
+def test_a_feature_not_reported_for_a_day_is_forgotten() -> None:
+    memory = FeatureMemory({})
+    target = "job|w1"
+    day_s = 24 * 3600
+    assert _memory_view(memory, 0, a=1.0, b=2.0) == {"a": 1.0, "b": 2.0}
+    assert _memory_view(memory, day_s + 3600, b=3.0) == {"a": 1.0, "b": 3.0}
+    assert memory.known[target].values == {"b": 3.0}  # forgotten, and written so at once
+    seen = _memory_view(memory, day_s + 3601, b=4.0)
+    assert seen["b"] == 4.0 and seen["a"] != seen["a"]  # a is missing (NaN)
+    assert _memory_view(memory, day_s + 3602, a=6.0)["a"] == 6.0  # and known again
+    assert memory.known[target].values == {"a": 6.0, "b": 4.0}
