@@ -62,6 +62,7 @@ def _outcome(policy: PolicySpec, kind: DecisionKind) -> DecisionKind:
 
 def _idle(
     policy: PolicySpec, state: PolicyState, holds: bool, now_ms: int, cooldown_floor_s: float,
+    cooldown_jitter_ms: int,
 ) -> tuple[PolicyState, DecisionKind | None]:
     if not holds:
         return replace(state, pending_since_ms=None, suppressed_audited=False), None
@@ -71,7 +72,8 @@ def _idle(
         return state, None
     cooling = (
         state.last_fired_ms is not None
-        and now_ms - state.last_fired_ms < duration_ms(cooldown_s(policy, cooldown_floor_s))
+        and now_ms - state.last_fired_ms
+        < duration_ms(cooldown_s(policy, cooldown_floor_s)) + cooldown_jitter_ms
     )
     if cooling:
         if state.suppressed_audited:
@@ -120,16 +122,19 @@ def decide(
     exit_holds: bool | None = None,
     climb_holds: bool = True,
     cooldown_floor_s: float = 0.0,
+    cooldown_jitter_ms: int = 0,
 ) -> tuple[PolicyState, DecisionKind | None]:
     """What the engine does now; ``None`` means nothing worth an audit record.
 
     The stage moves by at most one per call: ``new.stage`` above the old one applies that
     stage's actions, below it undoes the old stage's. ``exit_holds`` defaults to the
     condition not holding; ``climb_holds`` is the next stage's own condition, if it has one.
-    The cooldown is the policy's ``cooldown_s``, or ``cooldown_floor_s`` when that is longer.
+    The cooldown is the policy's ``cooldown_s``, or ``cooldown_floor_s`` when that is longer,
+    plus ``cooldown_jitter_ms`` (the target's draw of the policy's ``jitter_s``).
     """
     if exit_holds is None:
         exit_holds = not condition_holds
     if policy.one_shot or state.stage == 0:
-        return _idle(policy, state, condition_holds and climb_holds, now_ms, cooldown_floor_s)
+        return _idle(policy, state, condition_holds and climb_holds, now_ms, cooldown_floor_s,
+                     cooldown_jitter_ms)
     return _active(policy, state, condition_holds, exit_holds, climb_holds, now_ms)

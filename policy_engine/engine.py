@@ -36,6 +36,7 @@ from dsec.policy_engine.feature_memory import (
     occurrences,
     repeated_rows,
 )
+from dsec.policy_engine.jitter import cooldown_jitter_ms
 from dsec.policy_engine.knobs import OWNED_KINDS, KnobBoard, KnobEntry, knob_key
 from dsec.policy_engine.pool_registry import PoolRegistry
 from dsec.policy_engine.rate_limit import CommandBudget
@@ -228,14 +229,18 @@ class Engine:
         first_climb = climb[0] if climb and climb[0] is not None else True
         picked = np.flatnonzero(candidates)
         timing = unit.timing
-        quiet = settled(timing, board.gather(slots[picked]), enter[picked],
-                        (enter & first_climb)[picked], exit_[picked],
-                        view.event_times_ms[picked], len(climb))
+        gathered = board.gather(slots[picked])
+        jitter_ms = (cooldown_jitter_ms(self._slots.hashes(slots[picked]),
+                                        gathered.last_fired_ms, timing.jitter_ms)
+                     if timing.jitter_ms > 0 else np.zeros(picked.size, dtype=np.int64))
+        quiet = settled(timing, gathered, enter[picked], (enter & first_climb)[picked],
+                        exit_[picked], view.event_times_ms[picked], len(climb), jitter_ms)
         selector = spec.selector
         top = len(policy.stage_conditions)
         everyone = selector == type(selector)()
         states = self.states
-        for local in picked[~quiet].tolist():
+        for local, extra_ms in zip(picked[~quiet].tolist(), jitter_ms[~quiet].tolist(),
+                                   strict=True):
             event = batch.event(int(rows[local]))
             if not everyone and not selector.matches(event.identity.job_id, event.tags):
                 continue
@@ -248,7 +253,8 @@ class Engine:
             climb_holds = condition[local] if condition is not None else True
             new, kind = decide(spec, old, bool(enter[local]), event.event_time_ms,
                                exit_holds=bool(exit_[local]), climb_holds=bool(climb_holds),
-                               cooldown_floor_s=self.limits.cooldown_floor_s)
+                               cooldown_floor_s=self.limits.cooldown_floor_s,
+                               cooldown_jitter_ms=extra_ms)
             resolved = False
             if timing.resolves_alerts:
                 if kind is DecisionKind.FIRED:
@@ -266,7 +272,7 @@ class Engine:
                 continue
             seen = view.seen(local, policy.feature_names)
             if kind is not None:
-                self._act(unit, event, old, new, kind, seen, out)
+                self._act(unit, event, old, new, kind, seen, out, extra_ms)
             if resolved:
                 values = values_seen(seen)
                 alert = render_alert(spec.alert or "", spec, event, values)
@@ -277,9 +283,10 @@ class Engine:
     def _act(
         self, unit: _Unit, event: FeatureEvent, old: PolicyState,
         new: PolicyState, kind: DecisionKind, seen: dict[str, tuple[float, float]],
-        out: EngineOutput,
+        out: EngineOutput, cooldown_jitter_ms: int = 0,
     ) -> None:
-        """``seen``: the values the condition saw, by name, with their ages in seconds."""
+        """``seen``: the values the condition saw, by name, with their ages in seconds;
+        ``cooldown_jitter_ms``: the target's draw of the policy's ``jitter_s``."""
         spec = unit.spec
         detail = ", ".join(
             f"{name}={value:g}" + (f" ({age_s:g} s old)" if age_s > 0 else "")
@@ -295,7 +302,8 @@ class Engine:
                                            values))
 
         if kind is DecisionKind.SUPPRESSED_COOLDOWN:
-            cooldown_ms = s_to_ms(cooldown_s(spec, self.limits.cooldown_floor_s))
+            cooldown_ms = (s_to_ms(cooldown_s(spec, self.limits.cooldown_floor_s))
+                           + cooldown_jitter_ms)
             audit(kind, new.stage, f"cooling down until "
                   f"{(old.last_fired_ms or 0) + cooldown_ms}; {detail}")
             return

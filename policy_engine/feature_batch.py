@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dsec.policy_engine.jitter import target_hash
 from dsec.schemas import FeatureEvent, WorkerIdentity
 from dsec.schemas.feature_columns import FeatureRows, spread
 
@@ -149,6 +150,7 @@ class TargetSlots:
     def __init__(self) -> None:
         self._slot_of: dict[str, int] = {}
         self.targets: list[str] = []
+        self._hashes = np.zeros(0, dtype=np.uint64)  # target_hash per slot, made when asked
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -158,6 +160,14 @@ class TargetSlots:
         slot_of = self._slot_of
         return np.fromiter((slot_of[target] for target in targets if target in slot_of),
                            dtype=np.int64)
+
+    def hashes(self, slots: np.ndarray) -> np.ndarray:
+        """The ``target_hash`` of each slot's target."""
+        known = self._hashes.size
+        if known < len(self.targets):
+            added = [target_hash(target) for target in self.targets[known:]]
+            self._hashes = np.concatenate([self._hashes, np.asarray(added, dtype=np.uint64)])
+        return self._hashes[slots]
 
     def slots(self, targets: Sequence[str]) -> np.ndarray:
         slot_of = self._slot_of

@@ -31,6 +31,7 @@ class Timing:
 
     for_ms: float
     cooldown_ms: float
+    jitter_ms: float
     stage_interval_ms: float
     hold_ms: float
     stages: int
@@ -43,6 +44,7 @@ class Timing:
         return cls(
             for_ms=duration_ms(spec.for_s),
             cooldown_ms=duration_ms(cooldown_s(spec, cooldown_floor_s)),
+            jitter_ms=duration_ms(spec.jitter_s),
             stage_interval_ms=duration_ms(spec.stage_interval_s),
             hold_ms=duration_ms(spec.hold_s),
             stages=len(spec.effective_stages()),
@@ -65,17 +67,19 @@ class Gathered:
 
 
 def settled(timing: Timing, state: Gathered, enter: np.ndarray, holds_idle: np.ndarray,
-            exit_: np.ndarray, now_ms: np.ndarray, top: int) -> np.ndarray:
+            exit_: np.ndarray, now_ms: np.ndarray, top: int,
+            cooldown_jitter_ms: np.ndarray | int = 0) -> np.ndarray:
     """Rows where ``decide`` (and the alert bookkeeping around it) would return the state
     unchanged and no decision. ``holds_idle``: the condition and the first stage's own
-    condition; ``top``: the stages the compiled policy has conditions for. Conservative:
-    a row it cannot vouch for is not settled, and goes through ``decide``."""
+    condition; ``top``: the stages the compiled policy has conditions for;
+    ``cooldown_jitter_ms``: each row's draw of the policy's ``jitter_s``. Conservative: a
+    row it cannot vouch for is not settled, and goes through ``decide``."""
     pending = state.pending_since_ms != NONE_MS
     idle = (state.stage == 0) if not timing.one_shot else np.ones(now_ms.size, dtype=bool)
     # Idle: waiting for the condition, its ``for:`` timer running, or cooling down.
     timer_running = pending & (now_ms - state.pending_since_ms < timing.for_ms)
     cooling = ((state.last_fired_ms != NONE_MS)
-               & (now_ms - state.last_fired_ms < timing.cooldown_ms))
+               & (now_ms - state.last_fired_ms < timing.cooldown_ms + cooldown_jitter_ms))
     started = pending & (now_ms - state.pending_since_ms >= timing.for_ms)
     idle_holding = timer_running | (started & cooling & state.suppressed_audited)
     idle_clear = ~pending & ~state.suppressed_audited

@@ -131,6 +131,10 @@ class PolicySpec(Model):
     # any age (a feature an event does not carry keeps its last known value).
     max_age_s: Annotated[float, Field(gt=0, le=30 * 86400)] | None = None
     cooldown_s: Seconds = 60.0
+    # Each gap between two fires for one target is ``cooldown_s`` plus up to this much,
+    # drawn from the target's name and its last fire: targets that fired together (a fleet
+    # seen at once by a periodic policy) drift apart instead of firing together ever after.
+    jitter_s: Seconds = 0.0
     stage_interval_s: Seconds = 30.0
     hold_s: Seconds = 60.0
     priority: Annotated[int, Field(ge=0, le=1000)] = 100

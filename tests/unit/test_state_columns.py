@@ -63,13 +63,16 @@ def test_a_settled_row_is_one_decide_leaves_alone(name: str) -> None:
     states = [_random_state(rng, timing.stages) for _ in range(rows)]
     enter = rng.random(rows) < 0.6
     exit_ = ~enter & (rng.random(rows) < 0.7)
+    # each row's draw of a ``jitter_s`` of 20 s, in half of the rows
+    jitter_ms = np.where(rng.random(rows) < 0.5, rng.integers(0, 20_000, rows), 0)
     quiet = settled(timing, _gathered(states), enter, enter, exit_,
-                    np.full(rows, NOW_MS, dtype=np.int64), top=timing.stages)
+                    np.full(rows, NOW_MS, dtype=np.int64), top=timing.stages,
+                    cooldown_jitter_ms=jitter_ms)
     assert 0 < quiet.sum() < rows  # both kinds of rows are met
     for row in np.flatnonzero(quiet):
         old = states[row]
         new, kind = decide(spec, old, bool(enter[row]), NOW_MS, exit_holds=bool(exit_[row]),
-                           climb_holds=True)
+                           climb_holds=True, cooldown_jitter_ms=int(jitter_ms[row]))
         assert (new, kind) == (old, None), (row, old)
         if timing.resolves_alerts:
             assert not (old.alert_open and not enter[row])
