@@ -202,7 +202,8 @@ def _publish_snapshot_period(settings, interval_s: float, dry_run: bool) -> None
 
     builtin = {p.name: p for p in load_builtin_policies()}["periodic-snapshot"]
     spec = builtin.model_copy(update={"version": builtin.version + 1,
-                                      "cooldown_s": float(interval_s), "dry_run": dry_run,
+                                      "cooldown_s": float(interval_s), "jitter_s": 0.0,
+                                      "dry_run": dry_run,
                                       "signature": None})
     publish_policy(settings, signer_for(settings, KeyRole.POLICY_PUBLISHER).sign(spec))
 
