@@ -146,6 +146,7 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
 def run(targets: int, repeats: int, celpy_sample: int) -> dict:
     import numpy as np
 
+    from dsec.bench.snapshot_rounds import snapshot_rounds
     from dsec.policy_engine.builtin import load_builtin_policies
     from dsec.policy_engine.registry import compile_policy
 
@@ -196,6 +197,7 @@ def run(targets: int, repeats: int, celpy_sample: int) -> dict:
         "engine_backlog_step_ms": round(backlog_ms := engine_step_ms(targets, source="backlog"),
                                         1),
         "engine_backlog_step_per_round_ms": round(backlog_ms / BACKLOG_ROUNDS, 1),
+        "snapshot_rounds": snapshot_rounds(targets),
         "engine_step_note": "whole engine step, median of 6 steady-state steps, 1% of "
                             "targets tripping: from a packed batch, from decoded "
                             "feature events, from their encoded bytes one event a "
