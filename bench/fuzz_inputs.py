@@ -340,7 +340,8 @@ def policy_documents(draw: st.DrawFn) -> dict[str, Any]:
         "params": draw(st.dictionaries(st.sampled_from(("threshold", "x")),
                                        st.floats(-1e6, 1e6), max_size=2)),
     }
-    for key, strategy in (("for_s", _SECONDS), ("cooldown_s", _SECONDS), ("hold_s", _SECONDS),
+    for key, strategy in (("for_s", _SECONDS), ("cooldown_s", _SECONDS), ("jitter_s", _SECONDS),
+                          ("hold_s", _SECONDS),
                           ("exit_condition", cel_expressions()),
                           ("priority", st.integers(0, 1000)), ("dry_run", st.booleans()),
                           ("alert", st.text(max_size=40)),
