@@ -137,10 +137,23 @@ class StateColumns:
         unread = slots[~self._loaded[slots]]
         if not unread.size:
             return
-        for slot in np.unique(unread).tolist():
-            state = self._states.get(self.prefix + self._targets[slot])
+        unread = np.unique(unread)
+        prefix, targets, states = self.prefix, self._targets, self._states
+        found = [states.get(prefix + targets[slot]) for slot in unread.tolist()]
+        # Most targets have no state yet (a fleet at first sight): theirs is set at once.
+        held = np.fromiter((state is not None for state in found), dtype=bool,
+                           count=unread.size)
+        empty = unread[~held]
+        for column in self._times.values():
+            column[empty] = NONE_MS
+        self._stage[empty] = 0
+        self._suppressed[empty] = False
+        self._alert_open[empty] = False
+        self.present[empty] = False
+        for slot, state in zip(unread[held].tolist(), (s for s in found if s is not None),
+                               strict=True):
             self.put(slot, state)
-            self._loaded[slot] = True
+        self._loaded[unread] = True
 
     def put(self, slot: int, state: PolicyState | None) -> None:
         """What the mapping now holds for the slot (None: nothing)."""

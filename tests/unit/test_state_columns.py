@@ -104,3 +104,12 @@ def test_columns_mirror_the_mapping_and_read_it_again_when_told() -> None:
     columns.forget_cached()
     columns.load(slots)
     assert columns.present[0] and columns.gather(slots).pending_since_ms[0] == 9
+    # A state gone from the mapping (another engine took the target back to idle) leaves
+    # its slot's columns empty when read again.
+    del states["p|job|w1"]
+    columns.forget_cached()
+    columns.load(slots)
+    gathered = columns.gather(slots)
+    assert columns.present.tolist()[:2] == [True, False]
+    assert gathered.last_fired_ms.tolist() == [NONE_MS, NONE_MS]
+    assert gathered.stage.tolist() == [0, 0] and gathered.stage_since_ms[1] == NONE_MS
