@@ -204,23 +204,34 @@ class FeatureMemory:
         unread = slots[~self._loaded[slots]]
         if not unread.size:
             return
-        for slot in np.unique(unread).tolist():
-            before = self.known.get(self.slots.targets[slot])
-            for name, column in self._values.items():
-                column[slot] = np.nan
-                self._times[name][slot] = _NEVER
-            count = 0
-            if before is not None:
-                self._grow(0, before.names)
-                for name, value, time_ms in zip(before.names, before.value_list,
-                                                before.time_list_ms, strict=True):
-                    self._values[name][slot] = value
-                    self._times[name][slot] = time_ms
-                count = len(before.names)
-            self._loaded[slot] = True
-            self._persisted_ms[slot] = self._latest_ms[slot] = _NEVER if before is None else max(
-                _plain(before.time_list_ms), default=_NEVER)
-            self._persisted_count[slot] = self._count[slot] = count
+        unread = np.unique(unread)
+        targets = self.slots.targets
+        found = [self.known.get(targets[slot]) for slot in unread.tolist()]
+        for name, column in self._values.items():
+            column[unread] = np.nan
+            self._times[name][unread] = _NEVER
+        for column, fill in ((self._count, 0), (self._persisted_count, 0),
+                             (self._latest_ms, _NEVER), (self._persisted_ms, _NEVER)):
+            column[unread] = fill
+        self._loaded[unread] = True
+        # Records that know the same names (the usual case) are read a matrix at a time.
+        groups: dict[tuple[str, ...], list[tuple[int, KnownFeatures]]] = {}
+        for index, before in enumerate(found):
+            if before is not None and before.names:
+                groups.setdefault(tuple(before.names), []).append((index, before))
+        for names, records in groups.items():
+            self._grow(0, names)
+            at = unread[[index for index, _ in records]]
+            shape = (len(records), len(names))
+            values = np.array([record.value_list for _, record in records],
+                              dtype=np.float64).reshape(shape)
+            times = np.array([record.time_list_ms for _, record in records],
+                             dtype=np.int64).reshape(shape)
+            for column, name in enumerate(names):
+                self._values[name][at] = values[:, column]
+                self._times[name][at] = times[:, column]
+            self._latest_ms[at] = self._persisted_ms[at] = times.max(axis=1)
+            self._count[at] = self._persisted_count[at] = len(names)
 
     def view(self, batch: FeatureBatch, names: Collection[str],
              slots: np.ndarray | None = None,

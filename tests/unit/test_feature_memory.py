@@ -156,3 +156,31 @@ def test_a_feature_not_reported_for_a_day_is_forgotten() -> None:
     assert seen["b"] == 4.0 and seen["a"] != seen["a"]  # a is missing (NaN)
     assert _memory_view(memory, day_s + 3602, a=6.0)["a"] == 6.0  # and known again
     assert memory.known[target].values == {"a": 6.0, "b": 4.0}
+
+
+def test_a_memory_reads_back_what_it_wrote_for_many_targets_at_once() -> None:
+    # Targets knowing different names, and one that knows none, read back at first sight
+    # by a new memory over the same mapping: the same values and ages, nothing rewritten.
+    written: dict[str, KnownFeatures] = {}
+    first = FeatureMemory(written)
+    events = [FeatureEvent(identity=WorkerIdentity(job_id="job", worker_id=f"w{i}",
+                                                   node_id="n1"),
+                           event_time_ms=START_MS + i, features=(
+                               {"a": float(i)} if i % 3 == 0 else
+                               {"a": float(i), "b": -float(i)} if i % 3 == 1 else {}))
+              for i in range(30)]
+    first.view(FeatureBatch.from_events(events), {"a", "b"})
+    assert len(written) == 30
+    copy = dict(written)
+    later = [FeatureEvent(identity=e.identity, event_time_ms=START_MS + 1_000, features={})
+             for e in events]
+    view = FeatureMemory(written).view(FeatureBatch.from_events(later), {"a", "b"})
+    for i in range(30):
+        assert copy[f"job|w{i}"] == written[f"job|w{i}"]
+        if i % 3 != 2:  # not due: not rewritten (a target that knows nothing is, each time)
+            assert copy[f"job|w{i}"] is written[f"job|w{i}"]
+        a, b = view.values["a"][i], view.values["b"][i]
+        assert (a == float(i)) if i % 3 != 2 else a != a
+        assert (b == -float(i)) if i % 3 == 1 else b != b
+        if i % 3 != 2:
+            assert view.times_ms["a"][i] == START_MS + i
