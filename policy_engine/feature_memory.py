@@ -36,6 +36,7 @@ FORGET_AFTER_MS = 24 * 3_600_000
 PERSIST_EVERY_MS = 30_000
 SWEEP_EVERY_MS = 3_600_000
 _NEVER = -(1 << 62)  # no time: far below any event time, and safe to subtract from
+_UNWRITTEN = -1  # the persisted name count of a target the mapping holds nothing for
 
 
 @dataclass(slots=True, eq=False)
@@ -192,7 +193,7 @@ class FeatureMemory:
             self._count = grown(self._count, 0)
             self._latest_ms = grown(self._latest_ms, _NEVER)
             self._persisted_ms = grown(self._persisted_ms, _NEVER)
-            self._persisted_count = grown(self._persisted_count, 0)
+            self._persisted_count = grown(self._persisted_count, _UNWRITTEN)
             self._rows = size
         for name in names:
             if name not in self._values:
@@ -210,9 +211,12 @@ class FeatureMemory:
         for name, column in self._values.items():
             column[unread] = np.nan
             self._times[name][unread] = _NEVER
-        for column, fill in ((self._count, 0), (self._persisted_count, 0),
+        for column, fill in ((self._count, 0), (self._persisted_count, _UNWRITTEN),
                              (self._latest_ms, _NEVER), (self._persisted_ms, _NEVER)):
             column[unread] = fill
+        stored = np.fromiter((before is not None for before in found), dtype=bool,
+                             count=len(found))
+        self._persisted_count[unread[stored]] = 0  # a record, if one with no names
         self._loaded[unread] = True
         # Records that know the same names (the usual case) are read a matrix at a time.
         groups: dict[tuple[str, ...], list[tuple[int, KnownFeatures]]] = {}
@@ -298,8 +302,7 @@ class FeatureMemory:
         # Each slot's interval is shortened by up to half, by its number, so that targets
         # first seen together are not all written in the same batch ever after.
         interval_ms = self.persist_every_ms - (touched % 16) * (self.persist_every_ms // 32)
-        due = ((self._persisted_ms[touched] == _NEVER)
-               | (count != self._persisted_count[touched])
+        due = ((count != self._persisted_count[touched])  # new names, or never written
                | (latest_ms - self._persisted_ms[touched] >= interval_ms))
         if not due.any():
             return
