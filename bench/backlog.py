@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from dsec.bench.bench_topics import bench_topics
 from dsec.bench.pipeline import _group_progress
 from dsec.bench.policy_eval import HEALTHY
+from dsec.bench.service_processes import status_bytes
 from dsec.infra.kafka_clients import producer_config
 from dsec.infra.kafka_local import die_with_parent
 from dsec.schemas import FeatureEvent, WorkerIdentity, encode, topic_names
@@ -53,16 +54,6 @@ class BacklogOptions:
     def __post_init__(self) -> None:
         if self.workers % self.rows:
             raise ValueError("rows must divide workers: every message holds as many rows")
-
-
-def _status_kib(pid: int, field: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _slices(options: BacklogOptions) -> list[FeatureColumns]:
@@ -127,7 +118,7 @@ def _catch_up(settings: DsecSettings, options: BacklogOptions, data_dir: Path) -
         metadata = probe.list_topics(topic, timeout=10)
         partitions = [TopicPartition(topic, p) for p in metadata.topics[topic].partitions]
         first: tuple[float, int] | None = None
-        first_rss_kib = None
+        first_rss_bytes = None
         deadline = time.monotonic() + options.timeout_s
         while True:
             if engine.poll() is not None:
@@ -138,7 +129,7 @@ def _catch_up(settings: DsecSettings, options: BacklogOptions, data_dir: Path) -
             now = time.perf_counter()
             if progress and first is None:
                 first = (now, progress)
-                first_rss_kib = _status_kib(engine.pid, "VmRSS")
+                first_rss_bytes = status_bytes(engine.pid, "VmRSS")
             if progress >= options.messages:
                 break
             time.sleep(0.05)
@@ -151,8 +142,8 @@ def _catch_up(settings: DsecSettings, options: BacklogOptions, data_dir: Path) -
             "catch_up_s": elapsed_s,
             "feature_events_per_s": rate,
             "catch_up_vs_fleet_rate": None if rate is None else rate / options.workers,
-            "rss_at_first_commit_mb": (first_rss_kib or 0) / 1024,
-            "peak_rss_mb": (_status_kib(engine.pid, "VmHWM") or 0) / 1024,
+            "rss_at_first_commit_mb": (first_rss_bytes or 0) / (1 << 20),
+            "peak_rss_mb": (status_bytes(engine.pid, "VmHWM") or 0) / (1 << 20),
         }
     finally:
         probe.close()

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
+
+    from dsec.policy_engine.engine import Engine
+    from dsec.schemas import PolicySpec
 
 
 def synthetic_columns(targets: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -59,6 +64,21 @@ def engine_step_ms(targets: int, tripping: float = 0.01, source: StepSource = "p
     return statistics.median(engine_step_times_ms(targets, tripping, source))
 
 
+def builtin_engine(adjust: Callable[[PolicySpec], PolicySpec] | None = None) -> Engine:
+    """An engine over the built-in pack (each policy through ``adjust`` first), signing
+    with a fresh keyring."""
+    from dsec.policy_engine.builtin import load_builtin_policies
+    from dsec.policy_engine.engine import Engine
+    from dsec.policy_engine.registry import PolicyRegistry
+    from dsec.schemas.signing import TrustListVerifier, new_keyring
+
+    keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
+    registry = PolicyRegistry(TrustListVerifier(trust))
+    for policy in load_builtin_policies():
+        registry.install_trusted(adjust(policy) if adjust is not None else policy)
+    return Engine(registry, {}, {}, keyring)
+
+
 def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSource = "packed",
                          steps: int = 6) -> list[float]:
     """Whole engine steps (feature events to columns, conditions, state machine, signed
@@ -75,18 +95,10 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
     events, 0.5 s apart (an engine catching up)."""
     import numpy as np
 
-    from dsec.policy_engine.builtin import load_builtin_policies
-    from dsec.policy_engine.engine import Engine
     from dsec.policy_engine.feature_batch import FeatureBatch
-    from dsec.policy_engine.registry import PolicyRegistry
     from dsec.schemas import FeatureEvent, WorkerIdentity, decode, encode
     from dsec.schemas.feature_columns import decode_features, pack_feature_events
-    from dsec.schemas.signing import TrustListVerifier, new_keyring
 
-    keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
-    registry = PolicyRegistry(TrustListVerifier(trust))
-    for policy in load_builtin_policies():
-        registry.install_trusted(policy)
     every = max(1, round(1 / tripping))
     job_ids = ["bench"] * targets
     worker_ids = [f"w{i}" for i in range(targets)]
@@ -119,7 +131,7 @@ def engine_step_times_ms(targets: int, tripping: float = 0.01, source: StepSourc
                     for start in range(0, targets, COLUMN_ROWS)]
         return [encode(event) for event in events] if source == "wire" else events
 
-    engine = Engine(registry, {}, {}, keyring)
+    engine = builtin_engine()
 
     def evaluate(batch: FeatureBatch | list[FeatureEvent] | list[bytes]) -> None:
         if isinstance(batch, FeatureBatch):

@@ -88,13 +88,10 @@ def _messages(topic: str, workers: int, second: int, rates: ProbeRates) -> list[
 
 def _rss_bytes() -> dict[str, int]:
     """The process's resident memory now and at its peak (``/proc/self/status``)."""
-    values = {}
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                values[name] = int(rest.split()[0]) * 1024
-    return {"rss_bytes": values.get("VmRSS", 0), "peak_rss_bytes": values.get("VmHWM", 0)}
+    from dsec.bench.service_processes import status_bytes
+
+    return {"rss_bytes": status_bytes("self", "VmRSS") or 0,
+            "peak_rss_bytes": status_bytes("self", "VmHWM") or 0}
 
 
 def measure_stream_job(workers: int, warm_up_s: int = 2) -> dict:

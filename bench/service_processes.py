@@ -68,16 +68,22 @@ class ServiceProcess:
             stop_process(self.process)
 
 
-def rss_bytes(pid: int) -> int | None:
-    """The process's resident set (VmRSS), None once it is gone."""
+def status_bytes(pid: int | str, field: str) -> int | None:
+    """A memory figure of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``; ``pid`` may be
+    ``"self"``) in bytes, None once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident set (VmRSS), None once it is gone."""
+    return status_bytes(pid, "VmRSS")
 
 
 def children(pid: int) -> list[int]:

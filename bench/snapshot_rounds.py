@@ -22,21 +22,17 @@ SNAPSHOT = "periodic-snapshot"
 def _arm(targets: int, minutes: int, jitter: bool, window_min: int) -> dict:
     import numpy as np
 
-    from dsec.bench.policy_eval import HEALTHY
-    from dsec.policy_engine.builtin import load_builtin_policies
-    from dsec.policy_engine.engine import Engine
+    from dsec.bench.policy_eval import HEALTHY, builtin_engine
     from dsec.policy_engine.feature_batch import FeatureBatch
-    from dsec.policy_engine.registry import PolicyRegistry
-    from dsec.schemas.signing import TrustListVerifier, new_keyring
+    from dsec.schemas import PolicySpec
 
-    keyring, trust, _ = new_keyring(expires_at_ms=int(time.time() * 1000) + 86_400_000)
-    registry = PolicyRegistry(TrustListVerifier(trust))
-    for policy in load_builtin_policies():
-        if policy.name == SNAPSHOT and not jitter:
-            policy = policy.model_copy(update={
-                "cooldown_s": policy.cooldown_s + policy.jitter_s, "jitter_s": 0.0})
-        registry.install_trusted(policy)
-    engine = Engine(registry, {}, {}, keyring)
+    def unjittered(policy: PolicySpec) -> PolicySpec:
+        if policy.name != SNAPSHOT:
+            return policy
+        return policy.model_copy(update={
+            "cooldown_s": policy.cooldown_s + policy.jitter_s, "jitter_s": 0.0})
+
+    engine = builtin_engine(None if jitter else unjittered)
     workers = [f"w{i}" for i in range(targets)]
     nodes = [f"n{i // 8}" for i in range(targets)]
     columns = {name: np.full(targets, value) for name, value in HEALTHY.items()}
